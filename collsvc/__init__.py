@@ -1,0 +1,1 @@
+"""collsvc: collective communication for distributed training."""

@@ -1,0 +1,165 @@
+"""The seams between the Communicator, its backends, and the byte transports under the ring backend.
+
+The Communicator validates arguments, numbers each collective, builds a :class:`Call` and hands
+contiguous, flat (1-D) *native* arrays to a :class:`Backend` (numpy arrays for ``ring``, CuPy arrays for
+``nccl``). Backends move bytes and never talk to the coordinator.
+
+The ring backend runs pure algorithms (``ring/algorithms.py``) over a :class:`Channel`: point-to-point
+frames among the members of one group for one call. Channels come from a transport: gRPC between hosts,
+shared memory within a host, or the in-memory twin used by unit tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from collsvc.types import ReduceOp
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a rank called at one sequence number; equal on every rank or it is a mismatch.
+
+    ``root`` is None for rootless collectives; ``reduce_op`` is "" where no reduction applies.
+    """
+
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    reduce_op: str = ""
+    root: int | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """The signature as a JSON-able dict (used in CollectiveMismatchError.details)."""
+        return {
+            "op": self.op,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "reduce_op": self.reduce_op,
+            "root": self.root,
+        }
+
+    def encode(self) -> bytes:
+        """Compact JSON bytes, sent in the first frame of a call so a receiver can name the difference."""
+        return json.dumps(self.describe(), separators=(",", ":")).encode()
+
+    @property
+    def digest(self) -> int:
+        """A 64-bit digest carried in every frame header."""
+        return int.from_bytes(hashlib.blake2b(self.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """A communicator's members: ``ranks`` are global ranks in group order; ``index`` is ours."""
+
+    name: str
+    ranks: tuple[int, ...]
+    index: int
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call as the backend sees it.
+
+    ``key`` names the stream of calls the sequence number counts in: the group name for collectives,
+    ``"<group>/p2p/<src>-<dst>/<tag>"`` for point-to-point. ``deadline`` is ``time.monotonic()`` based.
+    """
+
+    group: GroupSpec
+    key: str
+    seq: int
+    signature: Signature
+    deadline: float
+
+
+class Channel(Protocol):
+    """Frames among the members of one group for one call.
+
+    Ranks here are *group indices* (0..size-1), not global ranks.
+    """
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def send(self, dst: int, step: int, payload: memoryview | bytes) -> None:
+        """Sends ``payload`` to group index ``dst`` as frame ``step`` of this call.
+
+        Never waits for the receiver to call ``recv`` (frames are buffered on arrival), so ring steps
+        that send before receiving cannot deadlock. Returns once ``payload`` was copied out: the caller
+        may reuse the buffer. Delivery errors surface on a later ``recv`` or ``flush``.
+        """
+        ...
+
+    def recv(self, src: int, step: int) -> memoryview:
+        """Blocks until frame ``step`` from group index ``src`` arrives and returns its payload.
+
+        Raises:
+            CollectiveTimeoutError: the call's deadline passed first (``waiting_on`` names ``src``).
+            CollectiveMismatchError: the sender's signature differs from ours.
+            RankFailedError / AbortedError: the job failed or was aborted while waiting.
+        """
+        ...
+
+    def flush(self) -> None:
+        """Waits until every frame this channel sent was delivered; raises as ``recv`` does."""
+        ...
+
+
+class Backend(Protocol):
+    """Moves the bytes of collectives. Arrays are flat, contiguous and of the backend's native kind.
+
+    In-place methods write their result into ``buf``. Methods return when the result is ready to read
+    (for stream-ordered GPU backends: ordered on the caller's current stream).
+    """
+
+    name: str
+
+    def all_reduce(self, call: Call, buf: Any, op: ReduceOp) -> None: ...
+
+    def reduce(self, call: Call, buf: Any, op: ReduceOp, root: int) -> None:
+        """Result in ``buf`` on group index ``root``; ``buf`` on other ranks becomes scratch."""
+        ...
+
+    def broadcast(self, call: Call, buf: Any, root: int) -> None: ...
+
+    def all_gather(self, call: Call, src: Any, out: Any) -> None:
+        """``out`` has ``size * len(src)`` elements, blocks in group order."""
+        ...
+
+    def reduce_scatter(self, call: Call, src: Any, out: Any, op: ReduceOp) -> None:
+        """``src`` has ``size * len(out)`` elements; this rank gets block ``index`` of the reduction."""
+        ...
+
+    def gather(self, call: Call, src: Any, out: Any | None, root: int) -> None: ...
+
+    def scatter(self, call: Call, src: Any | None, out: Any, root: int) -> None: ...
+
+    def all_to_all(self, call: Call, src: Any, out: Any) -> None: ...
+
+    def send(self, call: Call, buf: Any, dst: int) -> None: ...
+
+    def recv(self, call: Call, out: Any, src: int) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self, error: BaseException) -> None:
+        """Fails every pending and future operation with ``error`` (called from another thread)."""
+        ...
+
+
+def as_bytes_view(array: np.ndarray) -> memoryview:
+    """A flat unsigned-byte view of a contiguous numpy array, without copying."""
+    return memoryview(array.reshape(-1).view(np.uint8))

@@ -1,0 +1,143 @@
+"""The only module that reads environment variables.
+
+``collsvc.init`` accepts launcher environments as they are, first match wins:
+
+- ours: ``COLLSVC_COORDINATOR``, ``COLLSVC_WORLD_SIZE``, ``COLLSVC_RANK``, ``COLLSVC_LOCAL_RANK``,
+  ``COLLSVC_TOKEN``, ``COLLSVC_JOB_ID``
+- torchrun / Kubeflow PyTorchJob: ``MASTER_ADDR`` + ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``
+- Open MPI: ``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``
+- Slurm: ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID``
+- PMI (MPICH, Intel MPI): ``PMI_SIZE``, ``PMI_RANK``
+- Kubernetes Indexed Job: ``JOB_COMPLETION_INDEX`` as the rank
+
+Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this rank),
+``COLLSVC_HOST`` (the host name used to group ranks into nodes), ``COLLSVC_TOKEN_FILE``,
+``COLLSVC_TLS_CERT``/``COLLSVC_TLS_KEY``/``COLLSVC_TLS_CA``, ``COLLSVC_HEARTBEAT_INTERVAL``,
+``COLLSVC_ALLOW_PICKLE`` (``0`` refuses object collectives).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from collsvc.types import InitOptions, TlsFiles
+
+COORDINATOR_VARS = ("COLLSVC_COORDINATOR", "MASTER_ADDR+MASTER_PORT")
+WORLD_SIZE_VARS = ("COLLSVC_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE")
+RANK_VARS = ("COLLSVC_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "JOB_COMPLETION_INDEX")
+LOCAL_RANK_VARS = ("COLLSVC_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+DEFAULT_PORT = 29400
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    for name in names:
+        value = env.get(name)
+        if value not in (None, ""):
+            return name, str(value)
+    return None
+
+
+def _int_from(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    found = _first(env, names)
+    if found is None:
+        return None
+    name, value = found
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def coordinator_from_env(env: Mapping[str, str]) -> str | None:
+    """``host:port`` of the coordinator from the environment, or None."""
+    if env.get("COLLSVC_COORDINATOR"):
+        return env["COLLSVC_COORDINATOR"]
+    if env.get("MASTER_ADDR"):
+        return f"{env['MASTER_ADDR']}:{env.get('MASTER_PORT') or DEFAULT_PORT}"
+    return None
+
+
+def read_token(token: str | None, env: Mapping[str, str]) -> str | None:
+    """The job token: the argument, else ``COLLSVC_TOKEN``, else the file named by ``COLLSVC_TOKEN_FILE``."""
+    if token:
+        return token
+    if env.get("COLLSVC_TOKEN"):
+        return env["COLLSVC_TOKEN"]
+    path = env.get("COLLSVC_TOKEN_FILE")
+    if path:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    return None
+
+
+def tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
+    """Client TLS files from ``COLLSVC_TLS_CERT``/``_KEY``/``_CA``, or None when unset.
+
+    Raises:
+        ValueError: only some of the three are set.
+    """
+    names = ("COLLSVC_TLS_CERT", "COLLSVC_TLS_KEY", "COLLSVC_TLS_CA")
+    values = [env.get(n, "") for n in names]
+    if not any(values):
+        return None
+    if not all(values):
+        raise ValueError(f"set all of {', '.join(names)} for TLS, or none")
+    return TlsFiles(cert=values[0], key=values[1], ca=values[2])
+
+
+def resolve_init(
+    coordinator: str | None,
+    world_size: int | None,
+    rank: int | None,
+    backend: str,
+    timeout: float,
+    token: str | None,
+    job_id: str | None,
+    env: Mapping[str, str] | None = None,
+) -> InitOptions:
+    """Merges ``collsvc.init`` arguments with the environment (arguments win).
+
+    Raises:
+        ValueError: no coordinator or world size can be found (the message names the variables to set),
+            a variable is not an integer, or a value is out of range.
+    """
+    env = os.environ if env is None else env
+    coordinator = coordinator or coordinator_from_env(env)
+    if not coordinator:
+        raise ValueError(
+            "no coordinator given: pass coordinator='host:port' or set COLLSVC_COORDINATOR "
+            "(or MASTER_ADDR and MASTER_PORT)"
+        )
+    if world_size is None:
+        world_size = _int_from(env, WORLD_SIZE_VARS)
+    if world_size is None:
+        raise ValueError(f"no world size given: pass world_size= or set one of {', '.join(WORLD_SIZE_VARS)}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if rank is None:
+        rank = _int_from(env, RANK_VARS)
+    if rank is not None and not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside [0, {world_size})")
+    if backend not in ("auto", "nccl", "ring"):
+        raise ValueError(f"backend must be 'auto', 'nccl' or 'ring', got {backend!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    heartbeat = float(env.get("COLLSVC_HEARTBEAT_INTERVAL", "1.0"))
+    return InitOptions(
+        coordinator=coordinator,
+        world_size=world_size,
+        rank=rank,
+        local_rank_hint=_int_from(env, LOCAL_RANK_VARS),
+        backend=backend,
+        timeout=float(timeout),
+        token=read_token(token, env),
+        job_id=job_id or env.get("COLLSVC_JOB_ID") or "default",
+        host=env.get("COLLSVC_HOST") or socket.gethostname(),
+        advertise_address=env.get("COLLSVC_ADVERTISE_ADDRESS") or None,
+        tls=tls_from_env(env),
+        heartbeat_interval=heartbeat,
+        allow_pickle=env.get("COLLSVC_ALLOW_PICKLE", "1") != "0",
+    )

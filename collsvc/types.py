@@ -1,0 +1,141 @@
+"""Reduce operations, the dtype table, and the frozen option dataclasses shared by client and server."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+try:  # ml_dtypes gives numpy a bfloat16; it is a runtime dependency but stay importable without it.
+    import ml_dtypes
+
+    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - exercised only in stripped installs
+    BFLOAT16 = None
+
+
+class ReduceOp(enum.Enum):
+    """Elementwise reduction applied by all_reduce, reduce and reduce_scatter."""
+
+    SUM = "sum"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+    AVG = "avg"
+
+
+BITWISE_OPS = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
+
+# Wire codes: stable small integers for signatures and frame headers.
+_DTYPE_NAMES: tuple[str, ...] = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
+DTYPE_CODES: dict[str, int] = {name: code for code, name in enumerate(_DTYPE_NAMES, start=1)}
+OP_CODES: dict[ReduceOp, int] = {op: code for code, op in enumerate(ReduceOp, start=1)}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The collsvc name of a numpy dtype ("bfloat16" for ml_dtypes' bfloat16).
+
+    Raises:
+        TypeError: the dtype is not one collsvc supports.
+    """
+    name = "bfloat16" if BFLOAT16 is not None and dtype == BFLOAT16 else dtype.name
+    if name not in DTYPE_CODES or dtype.byteorder == ">":
+        supported = ", ".join(_DTYPE_NAMES)
+        raise TypeError(f"unsupported dtype {dtype!s}; supported: {supported}")
+    return name
+
+
+def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
+    """Rejects reduce-op/dtype pairs that API.md forbids.
+
+    Raises:
+        TypeError: op is not a ReduceOp, the dtype is unsupported, a bitwise op on a non-integer,
+            non-bool dtype, MIN/MAX on complex, or AVG on an integer or bool dtype.
+    """
+    if not isinstance(op, ReduceOp):
+        raise TypeError(f"op must be a collsvc.ReduceOp, got {op!r}")
+    name = dtype_name(dtype)
+    kind = dtype.kind
+    if op in BITWISE_OPS and kind not in "biu":
+        raise TypeError(f"{op.name} needs an integer or bool array, got {name}")
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and kind == "c":
+        raise TypeError(f"{op.name} is undefined for complex dtype {name}")
+    if op is ReduceOp.AVG and kind in "biu":
+        raise TypeError(f"AVG of integer or bool dtype {name} is not allowed; use SUM and divide")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for mutual TLS. ``ca`` verifies the other side's certificate."""
+
+    cert: str
+    key: str
+    ca: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Sizes checked before anything is allocated (coordinator and peers)."""
+
+    max_world_size: int = 65536
+    max_key_bytes: int = 8 * 1024
+    max_value_bytes: int = 8 * 1024 * 1024
+    max_keys_per_job: int = 100_000
+    max_message_bytes: int = 64 * 1024 * 1024 + 4096
+    max_jobs: int = 4096
+
+
+@dataclass(frozen=True)
+class CoordinatorOptions:
+    """How a coordinator daemon serves.
+
+    ``heartbeat_timeout`` is how long a member may be silent before it is declared failed.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 29400
+    token: str | None = None
+    tls: TlsFiles | None = None
+    insecure: bool = False
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 5.0
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True)
+class InitOptions:
+    """Everything ``collsvc.init`` resolved from its arguments and the environment."""
+
+    coordinator: str
+    world_size: int
+    rank: int | None
+    local_rank_hint: int | None
+    backend: str
+    timeout: float
+    token: str | None
+    job_id: str
+    host: str
+    advertise_address: str | None = None
+    tls: TlsFiles | None = None
+    heartbeat_interval: float = 1.0
+    allow_pickle: bool = True
