@@ -1,1 +1,101 @@
-"""collsvc: collective communication for distributed training."""
+"""collsvc: collective communication for distributed training.
+
+See API.md for the contract: ``collsvc.init()`` returns a :class:`Communicator`; module-level functions
+act on the default one.
+"""
+
+from collsvc._api import (
+    all_gather,
+    all_gather_object,
+    all_reduce,
+    all_to_all,
+    barrier,
+    broadcast,
+    broadcast_object,
+    default_communicator,
+    destroy,
+    find_group,
+    gather,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init,
+    is_initialized,
+    new_group,
+    recv,
+    reduce,
+    reduce_scatter,
+    scatter,
+    send,
+)
+from collsvc.client.communicator import Communicator
+from collsvc.client.work import Work
+from collsvc.errors import (
+    AbortedError,
+    AuthenticationError,
+    BackendUnavailableError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CollsvcError,
+    RankFailedError,
+    RendezvousError,
+    ResourceLimitError,
+)
+from collsvc.types import ReduceOp
+
+SUM = ReduceOp.SUM
+PRODUCT = ReduceOp.PRODUCT
+MIN = ReduceOp.MIN
+MAX = ReduceOp.MAX
+BAND = ReduceOp.BAND
+BOR = ReduceOp.BOR
+BXOR = ReduceOp.BXOR
+AVG = ReduceOp.AVG
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AVG",
+    "BAND",
+    "BOR",
+    "BXOR",
+    "MAX",
+    "MIN",
+    "PRODUCT",
+    "SUM",
+    "AbortedError",
+    "AuthenticationError",
+    "BackendUnavailableError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "CollsvcError",
+    "Communicator",
+    "RankFailedError",
+    "ReduceOp",
+    "RendezvousError",
+    "ResourceLimitError",
+    "Work",
+    "__version__",
+    "all_gather",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "default_communicator",
+    "destroy",
+    "find_group",
+    "gather",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init",
+    "is_initialized",
+    "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "send",
+]

@@ -13,7 +13,9 @@
 Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this rank),
 ``COLLSVC_HOST`` (the host name used to group ranks into nodes), ``COLLSVC_TOKEN_FILE``,
 ``COLLSVC_TLS_CERT``/``COLLSVC_TLS_KEY``/``COLLSVC_TLS_CA``, ``COLLSVC_HEARTBEAT_INTERVAL``,
-``COLLSVC_ALLOW_PICKLE`` (``0`` refuses object collectives).
+``COLLSVC_PEER_PORT`` (the port this rank's peer endpoint binds, default any free port),
+``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE`` (``1`` lets object collectives unpickle in a job with neither
+token nor TLS; refused by default).
 """
 
 from __future__ import annotations
@@ -139,5 +141,6 @@ def resolve_init(
         advertise_address=env.get("COLLSVC_ADVERTISE_ADDRESS") or None,
         tls=tls_from_env(env),
         heartbeat_interval=heartbeat,
-        allow_pickle=env.get("COLLSVC_ALLOW_PICKLE", "1") != "0",
+        allow_pickle=env.get("COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE", "0") == "1",
+        peer_port=_int_from(env, ("COLLSVC_PEER_PORT",)) or 0,
     )

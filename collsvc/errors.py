@@ -135,7 +135,7 @@ def reason_for(error: CollsvcError) -> int:
     """The :class:`ErrorReason` value that stands for ``error`` on the wire."""
     for cls in type(error).__mro__:
         if cls in _BY_TYPE:
-            return _BY_TYPE[cls][0]  # type: ignore[index]
+            return _BY_TYPE[cls][0]
     return Reason.ERROR_REASON_UNSPECIFIED
 
 

@@ -65,6 +65,21 @@ def dtype_name(dtype: np.dtype) -> str:
     return name
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype for a collsvc dtype name.
+
+    Raises:
+        TypeError: unknown name, or bfloat16 without ml_dtypes.
+    """
+    if name == "bfloat16":
+        if BFLOAT16 is None:
+            raise TypeError("bfloat16 needs the ml_dtypes package: pip install ml_dtypes")
+        return BFLOAT16
+    if name not in DTYPE_CODES:
+        raise TypeError(f"unsupported dtype {name!r}")
+    return np.dtype(name)
+
+
 def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     """Rejects reduce-op/dtype pairs that API.md forbids.
 
@@ -138,4 +153,5 @@ class InitOptions:
     advertise_address: str | None = None
     tls: TlsFiles | None = None
     heartbeat_interval: float = 1.0
-    allow_pickle: bool = True
+    allow_pickle: bool = False
+    peer_port: int = 0

@@ -162,4 +162,4 @@ class Backend(Protocol):
 
 def as_bytes_view(array: np.ndarray) -> memoryview:
     """A flat unsigned-byte view of a contiguous numpy array, without copying."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]

@@ -1,0 +1,188 @@
+"""Adapting user arrays (numpy, CuPy, anything with ``__dlpack__``) to working arrays and back.
+
+A collective works on an :class:`Adapted` array: a numpy array (CPU, or a CUDA array staged to the
+host for the ring backend) or a CuPy array (for NCCL), with the *logical* dtype name the signature
+uses. bfloat16 travels as ml_dtypes' numpy bfloat16, or as a 16-bit view where the array library has
+no bfloat16 (CuPy). Results go back as the caller's kind, on the caller's device, zero-copy where the
+producer allows.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collsvc.types import BFLOAT16, dtype_name
+
+_DL_CPU = 1
+_DL_CUDA = 2
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """A user's array as collsvc works on it.
+
+    Attributes:
+        array: numpy or CuPy array (same shape as the input; bfloat16 on CuPy as a uint16 view).
+        dtype: logical dtype name ("float32", "bfloat16", ...).
+        kind: "numpy", "cupy" or the DLPack producer's top-level module name (e.g. "torch").
+        on_gpu: the user's array lives on a CUDA device.
+        source: the user's object.
+    """
+
+    array: Any
+    dtype: str
+    kind: str
+    on_gpu: bool
+    source: Any
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.array.shape)
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__.split(".", 1)[0]
+
+
+def _is_cupy(obj: Any) -> bool:
+    return _module_of(obj) == "cupy" and type(obj).__name__ == "ndarray"
+
+
+def _torch_bf16(obj: Any) -> bool:
+    return _module_of(obj) == "torch" and str(getattr(obj, "dtype", "")) == "torch.bfloat16"
+
+
+def adapt(x: Any, *, name: str = "array") -> Adapted:
+    """Wraps ``x`` for a collective without copying where possible.
+
+    Raises:
+        TypeError: ``x`` is not a numpy/CuPy array or a DLPack producer, or its dtype is unsupported.
+    """
+    if isinstance(x, np.ndarray):
+        return Adapted(x, dtype_name(x.dtype), "numpy", False, x)
+    if isinstance(x, np.generic):
+        arr = np.asarray(x)
+        return Adapted(arr, dtype_name(arr.dtype), "numpy", False, x)
+    if _is_cupy(x):
+        return Adapted(x, _cupy_dtype_name(x), "cupy", True, x)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        device_type = int(x.__dlpack_device__()[0])
+        bf16 = _torch_bf16(x)
+        producer = x
+        if bf16:
+            import torch  # the caller's own array library; present because x is a torch tensor
+
+            producer = x.view(torch.int16)
+        if device_type == _DL_CPU:
+            arr = np.from_dlpack(producer)
+            if bf16:
+                if BFLOAT16 is None:
+                    raise TypeError("bfloat16 needs the ml_dtypes package: pip install ml_dtypes")
+                arr = arr.view(BFLOAT16)
+            return Adapted(arr, dtype_name(arr.dtype), _module_of(x), False, x)
+        if device_type == _DL_CUDA:
+            import cupy
+
+            arr = cupy.from_dlpack(producer)
+            return Adapted(arr, "bfloat16" if bf16 else _cupy_dtype_name(arr), _module_of(x), True, x)
+        raise TypeError(f"{name}: DLPack device type {device_type} is not supported (CPU and CUDA are)")
+    raise TypeError(
+        f"{name} must be a numpy array, a CuPy array or an object with __dlpack__ (a torch tensor, say); "
+        f"got {type(x).__name__}"
+    )
+
+
+def _cupy_dtype_name(arr: Any) -> str:
+    return dtype_name(np.dtype(arr.dtype))
+
+
+def to_host(a: Adapted) -> np.ndarray:
+    """The array as numpy with its logical dtype (a copy to the host for GPU arrays)."""
+    if not a.on_gpu:
+        return np.asarray(a.array)
+    import cupy
+
+    host = cupy.asnumpy(a.array)
+    if a.dtype == "bfloat16" and BFLOAT16 is not None:
+        host = host.view(BFLOAT16)
+    return np.asarray(host)
+
+
+def from_host(result: np.ndarray, like: Adapted) -> Any:
+    """``result`` (numpy) as the kind and device of ``like``.
+
+    Raises:
+        TypeError: the producer's library cannot take a DLPack array back.
+    """
+    if like.kind == "numpy":
+        return result
+    if like.on_gpu:
+        import cupy
+
+        raw = result.view(np.uint16) if like.dtype == "bfloat16" else result
+        device_result = cupy.asarray(raw)
+        return device_result if like.kind == "cupy" else _to_producer(device_result, like)
+    raw = result.view(np.int16) if like.dtype == "bfloat16" else result
+    return _to_producer(raw, like)
+
+
+def from_device(result: Any, like: Adapted) -> Any:
+    """A CuPy ``result`` as the kind of ``like`` (a CUDA array of the caller's library)."""
+    if like.kind == "cupy":
+        return result
+    return _to_producer(result, like)
+
+
+def _to_producer(raw: Any, like: Adapted) -> Any:
+    module = sys.modules.get(like.kind)
+    converter = getattr(module, "from_dlpack", None) if module is not None else None
+    if converter is None:
+        raise TypeError(f"cannot return the result as a {like.kind} array: {like.kind}.from_dlpack is missing")
+    out = converter(raw)
+    if like.dtype == "bfloat16" and like.kind == "torch":
+        import torch
+
+        out = out.view(torch.bfloat16)
+    return out
+
+
+def write_into(out: Any, result: Any, *, name: str = "out") -> None:
+    """Copies ``result`` (numpy or CuPy) into the user's ``out`` array.
+
+    Raises:
+        ValueError: ``out`` has a different shape than the result.
+        TypeError: ``out`` has a different dtype, or is not a supported array.
+    """
+    target = adapt(out, name=name)
+    if target.shape != tuple(result.shape):
+        raise ValueError(f"{name} has shape {target.shape}, the result has shape {tuple(result.shape)}")
+    result_dtype = "bfloat16" if BFLOAT16 is not None and result.dtype == BFLOAT16 else str(result.dtype)
+    if target.dtype != result_dtype and not (target.dtype == "bfloat16" and result_dtype in ("uint16", "int16")):
+        raise TypeError(f"{name} has dtype {target.dtype}, the result has dtype {result_dtype}")
+    if target.on_gpu:
+        import cupy
+
+        src = result if _is_cupy(result) else cupy.asarray(result.view(np.uint16) if result_dtype == "bfloat16" else result)
+        target.array[...] = src.view(target.array.dtype)
+        return
+    host = result if isinstance(result, np.ndarray) else to_host(Adapted(result, target.dtype, "cupy", True, result))
+    np.copyto(target.array, host.view(target.array.dtype) if host.dtype != target.array.dtype else host)
+
+
+def check_out_shape(out: Any, shape: tuple[int, ...], dtype: str, *, name: str = "out") -> Adapted:
+    """Validates ``out`` against the result's shape and dtype before anything is sent.
+
+    Raises:
+        ValueError: wrong shape.
+        TypeError: wrong dtype or unsupported kind.
+    """
+    target = adapt(out, name=name)
+    if target.shape != shape:
+        raise ValueError(f"{name} has shape {target.shape}, the result needs shape {shape}")
+    if target.dtype != dtype:
+        raise TypeError(f"{name} has dtype {target.dtype}, the result has dtype {dtype}")
+    return target

@@ -1,0 +1,177 @@
+"""``collsvc bench``: an nccl-tests style table for one collective over a range of sizes.
+
+The parent starts an embedded coordinator and N rank processes (``python -m collsvc._bench_worker``);
+rank 0 writes the measurements to a JSON file the parent turns into the table. Time per size is the
+median over iterations of the slowest rank; algbw = bytes / time; busbw = algbw x the nccl-tests factor
+(all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``"4K"`` -> 4096. Raises ValueError for anything else."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1] if text and text[-1] in _UNITS else ""
+    number = text[: -1] if unit else text
+    try:
+        value = int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4K, 16M)") from None
+    if value < 1:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def size_range(spec: str, factor: int = 4) -> list[int]:
+    """``"4K:64M"`` -> 4K, 16K, ... 64M (times ``factor``); a single size stands alone."""
+    low, _, high = spec.partition(":")
+    start, stop = parse_size(low), parse_size(high or low)
+    if stop < start or factor < 2:
+        raise ValueError(f"bad size range {spec!r} (factor {factor})")
+    sizes = []
+    size = start
+    while size <= stop:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def bus_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n if n > 1 else 0.0
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n if n > 1 else 0.0
+    return 1.0
+
+
+def run_bench(
+    n: int, op: str, sizes: list[int], *, dtype: str = "float32", iters: int = 20, warmup: int = 3,
+    device: str = "cpu", backend: str = "auto", check: bool = False, progress: bool = False,
+    timeout: float = 600.0,
+) -> list[dict[str, Any]]:
+    """Runs the benchmark on ``n`` local ranks and returns one row per size.
+
+    Raises:
+        RuntimeError: a rank failed (its output is in the message).
+    """
+    from collsvc.server.app import CoordinatorThread
+    from collsvc.types import CoordinatorOptions
+
+    token = secrets.token_urlsafe(24)
+    coordinator = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=token))
+    port = coordinator.start()
+    fd, result_path = tempfile.mkstemp(prefix="collsvc-bench-", suffix=".json")
+    os.close(fd)
+    config = {"op": op, "sizes": sizes, "dtype": dtype, "iters": iters, "warmup": warmup, "device": device,
+              "check": check, "result": result_path, "progress": progress}
+    procs = []
+    try:
+        for rank in range(n):
+            env = dict(os.environ, COLLSVC_COORDINATOR=f"127.0.0.1:{port}", COLLSVC_WORLD_SIZE=str(n),
+                       COLLSVC_RANK=str(rank), COLLSVC_LOCAL_RANK=str(rank), COLLSVC_TOKEN=token,
+                       COLLSVC_BENCH=json.dumps(config), COLLSVC_BACKEND=backend)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "collsvc._bench_worker"], env=env,
+                stdout=None if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE,
+            ))
+        failures = []
+        for rank, proc in enumerate(procs):
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode:
+                failures.append(f"rank {rank} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
+        if failures:
+            raise RuntimeError("benchmark failed:\n" + "\n".join(failures))
+        with open(result_path, encoding="utf-8") as handle:
+            rows: list[dict[str, Any]] = json.load(handle)
+        return rows
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        coordinator.stop()
+        os.unlink(result_path)
+
+
+def format_table(rows: list[dict[str, Any]], n: int, op: str) -> str:
+    lines = [
+        f"# collsvc bench: {op}, {n} ranks",
+        f"#{'size':>12} {'count':>12} {'type':>9} {'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"
+        f" {'cpu s/GB':>9}",
+    ]
+    for r in rows:
+        lines.append(
+            f" {r['bytes']:>12} {r['count']:>12} {r['dtype']:>9} {r['seconds'] * 1e6:>11.1f} "
+            f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['cpu_s_per_gb']:>9.2f}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows_by_label: dict[str, list[dict[str, Any]]], path: str, title: str) -> None:
+    """Bus bandwidth vs size, one line per label (needs matplotlib: pip install 'collsvc[plot]').
+
+    Raises:
+        RuntimeError: matplotlib is missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'collsvc[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rows in rows_by_label.items():
+        ax.plot([r["bytes"] for r in rows], [r["busbw"] for r in rows], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``collsvc bench`` (arguments parsed by collsvc.cli)."""
+    if args.op not in OPS:
+        print(f"collsvc bench: --op must be one of {', '.join(OPS)}", file=sys.stderr)
+        return 2
+    try:
+        sizes = size_range(args.sizes, getattr(args, "factor", 4) or 4)
+    except ValueError as exc:
+        print(f"collsvc bench: {exc}", file=sys.stderr)
+        return 2
+    progress = sys.stderr.isatty() and not args.json
+    try:
+        rows = run_bench(
+            args.n, args.op, sizes, dtype=args.dtype, iters=args.iters, warmup=args.warmup,
+            device=args.device, backend=args.backend, check=args.check, progress=progress,
+        )
+    except RuntimeError as exc:
+        print(f"collsvc bench: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_table(rows, args.n, args.op))
+    if args.plot:
+        try:
+            plot({f"collsvc {args.op} n={args.n}": rows}, args.plot, f"{args.op}, {args.n} ranks")
+        except RuntimeError as exc:
+            print(f"collsvc bench: {exc}", file=sys.stderr)
+            return 1
+    return 0

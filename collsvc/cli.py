@@ -1,0 +1,296 @@
+"""The ``collsvc`` command: ``run``, ``coordinator``, ``status``, ``health`` and ``bench``.
+
+Exit codes: 0 success; 1 failure (a rank failed, the coordinator could not bind or is unreachable,
+not serving); 2 bad usage (argparse errors, an unauthenticated non-loopback coordinator, missing
+files); ``collsvc run`` passes on the failed rank's exit code (128 + signal number when it was killed),
+and exits 130 / 143 when interrupted by SIGINT / SIGTERM, 124 when ``--timeout`` expired.
+
+Imports of gRPC, the server and numpy-heavy modules happen inside the subcommand that needs them, so
+that ``collsvc run`` starts its ranks as early as possible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+DEFAULT_COORDINATOR = "127.0.0.1:29400"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class UsageError(Exception):
+    """A usage problem found after parsing (printed as one line, exit code 2)."""
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _add_log_level(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=_LOG_LEVELS,
+        help="logging level of collsvc's own messages (default: WARNING)",
+    )
+
+
+def _add_client_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help=f"the coordinator (default: $COLLSVC_COORDINATOR, else {DEFAULT_COORDINATOR})",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the job token (default: $COLLSVC_TOKEN, else the file $COLLSVC_TOKEN_FILE names)",
+    )
+    parser.add_argument("--tls-cert", metavar="PEM", help="client certificate for mutual TLS")
+    parser.add_argument("--tls-key", metavar="PEM", help="client private key for mutual TLS")
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="CA that signed the coordinator's certificate (the three TLS flags default to "
+        "$COLLSVC_TLS_CERT/_KEY/_CA)",
+    )
+    parser.add_argument(
+        "--tls-server-name", metavar="NAME", help="name to expect in the coordinator's certificate"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="give up after this many seconds (default: 5)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``collsvc`` command (every subcommand and flag)."""
+    parser = argparse.ArgumentParser(
+        prog="collsvc", description="Collective communication for distributed training."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="start N local ranks of a script (with an embedded coordinator unless --coordinator)",
+        description="Start N ranks of a Python script on this host. Each output line is prefixed with "
+        "'[rank R] '. When one rank fails the others are stopped (SIGTERM, then SIGKILL after --grace) "
+        "and run exits with that rank's exit code (128+N when killed by signal N) after one summary line.",
+    )
+    run.add_argument(
+        "-n", "--nproc-per-node", dest="nproc", type=int, default=1, metavar="N", help="ranks on this node"
+    )
+    run.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default: 1)")
+    run.add_argument("--node-rank", type=int, default=0, help="this node's index, from 0 (default: 0)")
+    run.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="join this coordinator instead of an embedded one on 127.0.0.1 (needed for --nnodes > 1)",
+    )
+    run.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="token of the --coordinator (default: $COLLSVC_TOKEN or $COLLSVC_TOKEN_FILE); "
+        "the embedded coordinator uses a fresh random token",
+    )
+    run.add_argument("--job-id", default="default", help="job name at the coordinator (default: default)")
+    run.add_argument(
+        "--grace",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 3)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_float,
+        metavar="S",
+        help="stop every rank when the job runs longer than this; exit 124 (default: no limit)",
+    )
+    run.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="run the target as a module (python -m MODULE), like python -m",
+    )
+    run.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]", help="what to run")
+    _add_log_level(run)
+
+    coord = sub.add_parser(
+        "coordinator",
+        help="serve a coordinator daemon",
+        description="Serve the coordinator until SIGTERM or Ctrl-C. A host other than loopback needs "
+        "a token (--token-file, $COLLSVC_TOKEN, $COLLSVC_TOKEN_FILE), mutual TLS, or --insecure.",
+    )
+    coord.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    coord.add_argument("--port", type=int, default=29400, help="port; 0 picks a free one (default: 29400)")
+    coord.add_argument(
+        "--token-file", metavar="FILE", help="file holding the token every client must present"
+    )
+    coord.add_argument(
+        "--tls-cert", metavar="PEM", help="server certificate (mutual TLS; with --tls-key, --tls-ca)"
+    )
+    coord.add_argument("--tls-key", metavar="PEM", help="server private key")
+    coord.add_argument("--tls-ca", metavar="PEM", help="CA that client certificates must be signed by")
+    coord.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback host with neither token nor TLS (anyone who can connect may join)",
+    )
+    coord.add_argument(
+        "--heartbeat-timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="seconds of silence before a member is declared failed (default: 5)",
+    )
+    coord.add_argument(
+        "--heartbeat-interval",
+        type=_positive_float,
+        default=1.0,
+        metavar="S",
+        help="heartbeat interval the members are told to use (default: 1)",
+    )
+    _add_log_level(coord)
+
+    status = sub.add_parser("status", help="show jobs, groups, ranks, hosts and heartbeats of a coordinator")
+    _add_client_args(status)
+    status.add_argument("--job", default="", help="only this job (default: every job)")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    health = sub.add_parser(
+        "health",
+        help="gRPC health check of a coordinator; exit 0 when SERVING (for container HEALTHCHECKs)",
+    )
+    _add_client_args(health)
+    health.add_argument("--service", default="", help="service name to check (default: the whole server)")
+
+    bench = sub.add_parser("bench", help="nccl-tests style table: size, time, algbw, busbw")
+    bench.add_argument("-n", type=int, default=2, metavar="N", help="ranks (default: 2)")
+    bench.add_argument("--op", default="all_reduce", help="collective to measure (default: all_reduce)")
+    bench.add_argument("--sizes", default="4K:64M", help="LOW:HIGH byte sizes, e.g. 4K:64M (default)")
+    bench.add_argument("--factor", type=int, default=4, help="step between sizes (default: 4)")
+    bench.add_argument("--dtype", default="float32", help="element type (default: float32)")
+    bench.add_argument("--iters", type=int, default=20, help="timed iterations per size (default: 20)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed iterations per size (default: 3)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the arrays live")
+    bench.add_argument("--backend", default="auto", choices=("auto", "nccl", "ring"), help="default: auto")
+    bench.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
+    bench.add_argument("--plot", metavar="FILE", help="also plot bus bandwidth to FILE (needs matplotlib)")
+    bench.add_argument("--check", action="store_true", help="verify every result")
+    return parser
+
+
+def _setup_logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def read_token_file(path: str | None) -> str | None:
+    """The stripped contents of ``path``, else the token from the environment (``collsvc.config``).
+
+    Raises:
+        UsageError: the file cannot be read or is empty.
+    """
+    from collsvc import config
+
+    if path is None:
+        try:
+            return config.read_token(None, os.environ)
+        except OSError as exc:
+            raise UsageError(f"cannot read $COLLSVC_TOKEN_FILE: {exc}") from exc
+    try:
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read token file {path}: {exc.strerror or exc}") from exc
+    if not token:
+        raise UsageError(f"token file {path} is empty")
+    return token
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from collsvc.launcher import LaunchSpec, launch
+
+    target: list[str] = list(args.target)
+    if target and target[0] == "--":
+        target = target[1:]
+    if not target:
+        raise UsageError("nothing to run: give a script (collsvc run -n 4 train.py) or -m MODULE")
+    if args.module:
+        command = [sys.executable, "-m", *target]
+    else:
+        if not os.path.exists(target[0]):
+            raise UsageError(f"no such script: {target[0]}")
+        command = [sys.executable, *target]
+    token = read_token_file(args.token_file) if args.coordinator else None
+    try:
+        spec = LaunchSpec(
+            command=command,
+            nproc=args.nproc,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            coordinator=args.coordinator,
+            token=token,
+            job_id=args.job_id,
+            grace=args.grace,
+            timeout=args.timeout,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return launch(spec)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``collsvc`` command line.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The process exit status (see the module docstring).
+
+    Raises:
+        SystemExit: from argparse, for ``--help`` and bad arguments (status 0 or 2).
+    """
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if getattr(args, "log_level", None):
+        _setup_logging(args.log_level)
+    try:
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command == "coordinator":
+            from collsvc._cli_remote import coordinator_command
+
+            return coordinator_command(args)
+        if args.command == "status":
+            from collsvc._cli_remote import status_command
+
+            return status_command(args)
+        if args.command == "health":
+            from collsvc._cli_remote import health_command
+
+            return health_command(args)
+        import collsvc.bench
+
+        return collsvc.bench.main(args)
+    except UsageError as exc:
+        print(f"collsvc {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130

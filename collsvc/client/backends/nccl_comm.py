@@ -1,0 +1,185 @@
+"""Loading CuPy's NCCL, and creating one NCCL communicator per group with a bounded wait.
+
+``NcclCommunicator(...)`` (ncclCommInitRank) blocks until every member called it and cannot be
+cancelled, so nothing calls it before all members passed a coordinator barrier, and even then it runs on
+a helper thread the caller waits for with the call's deadline: a member that dies between the barrier
+and the init costs a leaked daemon thread, never a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from collsvc.client.backends.base import GroupSpec
+from collsvc.client.backends.nccl_dtypes import NCCL_P2P_MIN_VERSION
+from collsvc.client.backends.nccl_watchdog import FailureSource, as_collsvc_error
+from collsvc.client.devices import INSTALL_HINT
+from collsvc.errors import BackendUnavailableError, CollectiveTimeoutError, CollsvcError
+
+UID_BYTES = 128
+
+Barrier = Callable[[str, float], None]
+"""``barrier(name, timeout)``: returns once every member of the group entered the named barrier."""
+
+
+class KeyValueLike(Protocol):
+    """The job's key/value store (the coordinator's), as the NCCL backend needs it."""
+
+    def set(self, key: str, value: bytes) -> None: ...
+
+    def get(self, key: str, timeout: float) -> bytes:
+        """Waits up to ``timeout`` seconds for ``key`` to be set and returns its value."""
+        ...
+
+
+def load_cupy() -> tuple[Any, Any]:
+    """Returns ``(cupy, cupy.cuda.nccl)``.
+
+    Raises:
+        BackendUnavailableError: CuPy is missing, cannot load the NCCL library, or sees no GPU.
+    """
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"the nccl backend needs CuPy ({exc}); install it with {INSTALL_HINT}"
+        ) from exc
+    if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
+        raise BackendUnavailableError(
+            f"CuPy {getattr(cupy, '__version__', '?')} cannot load the NCCL library; install it with "
+            f"{INSTALL_HINT} (CuPy >= 14 also needs: pip install nvidia-nccl-cu12)"
+        )
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        raise BackendUnavailableError(f"the nccl backend needs a CUDA GPU; CUDA says: {exc}") from exc
+    if count < 1:
+        raise BackendUnavailableError("the nccl backend needs a CUDA GPU; none is visible to this process")
+    return cupy, nccl
+
+
+def nccl_version(nccl: Any) -> int:
+    try:
+        return int(nccl.get_version())
+    except Exception:
+        return 0
+
+
+def has_p2p(nccl: Any) -> bool:
+    return nccl_version(nccl) >= NCCL_P2P_MIN_VERSION and hasattr(nccl.NcclCommunicator, "send")
+
+
+def encode_uid(uid: tuple[int, ...]) -> bytes:
+    return bytes(v & 0xFF for v in uid)
+
+
+def decode_uid(data: bytes, signed: bool) -> tuple[int, ...]:
+    """The tuple ``NcclCommunicator`` takes; C ``char`` is signed on x86-64, unsigned on aarch64."""
+    if len(data) != UID_BYTES:
+        raise CollsvcError(f"NCCL unique id has {len(data)} bytes, expected {UID_BYTES}")
+    return tuple(b - 256 if signed and b > 127 else b for b in data)
+
+
+class GroupComm:
+    """One group's NCCL communicator, the device it is bound to and its dedicated stream.
+
+    ``lock`` is held while enqueuing and while polling the asynchronous error, so ``abort`` (from the
+    watchdog or another thread) does not free the communicator under a running call, unless that call
+    is stuck past the grace period: then it aborts anyway, which is what releases the stuck call.
+    """
+
+    def __init__(self, comm: Any, stream: Any, device: int, group: GroupSpec) -> None:
+        self.comm = comm
+        self.stream = stream
+        self.device = device
+        self.group = group
+        self.lock = threading.Lock()
+        self.aborted = False
+
+    def check_async(self) -> None:
+        with self.lock:
+            if not self.aborted:
+                self.comm.check_async_error()
+
+    def abort(self, wait: float) -> None:
+        got = self.lock.acquire(timeout=wait)
+        try:
+            if not self.aborted:
+                self.aborted = True
+                self.comm.abort()
+        finally:
+            if got:
+                self.lock.release()
+
+    def destroy(self) -> None:
+        with self.lock:
+            if not self.aborted:
+                self.aborted = True
+                self.comm.destroy()
+
+
+def create_group_comm(
+    cupy: Any,
+    nccl: Any,
+    group: GroupSpec,
+    device: int,
+    *,
+    kv: KeyValueLike,
+    barrier: Barrier,
+    failure: FailureSource,
+    deadline: float,
+) -> GroupComm:
+    """Exchanges the unique id, waits for every member, then creates the communicator.
+
+    Raises:
+        CollectiveTimeoutError: the init did not finish by ``deadline``.
+        CollsvcError: NCCL refused (a duplicate GPU, say), or the id exchange/barrier failed.
+    """
+
+    def remaining() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    key = f"nccl/{group.name}/uid"
+    if group.index == 0:
+        uid = tuple(int(v) for v in nccl.get_unique_id())
+        kv.set(key, encode_uid(uid))
+        data = encode_uid(uid)
+    else:
+        data = kv.get(key, remaining())
+    barrier(f"nccl-init/{group.name}", remaining())
+
+    result: dict[str, Any] = {}
+
+    def init() -> None:
+        try:
+            with cupy.cuda.Device(device):
+                try:
+                    comm = nccl.NcclCommunicator(group.size, decode_uid(data, signed=True), group.index)
+                except OverflowError:  # unsigned char platform
+                    comm = nccl.NcclCommunicator(group.size, decode_uid(data, signed=False), group.index)
+                result["comm"] = comm
+                result["stream"] = cupy.cuda.Stream(non_blocking=True)
+        except BaseException as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=init, name=f"collsvc-nccl-init-{group.name}", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.01)
+        recorded = failure.error()
+        if recorded is not None and thread.is_alive():
+            raise as_collsvc_error(recorded, f"init of group {group.name!r}")
+        if time.monotonic() >= deadline and thread.is_alive():
+            raise CollectiveTimeoutError(
+                f"nccl communicator init for group {group.name!r} did not finish in time "
+                f"(ranks {list(group.ranks)})",
+                waiting_on=[],
+            )
+    if "error" in result:
+        exc = result["error"]
+        raise CollsvcError(f"nccl communicator init for group {group.name!r} failed: {exc}") from exc
+    return GroupComm(result["comm"], result["stream"], device, group)

@@ -1,0 +1,289 @@
+"""The gRPC data-plane transport: each rank serves a peer endpoint and sends raw frames to the others.
+
+Payloads are never copied into protobuf messages: ``Deliver`` is a raw-bytes unary method (identity
+serializers) whose request is one frame (``frames.py``). A send is an asynchronous call (``future``),
+so a rank sends its next chunk while the previous one is in flight; frames are deposited in the
+receiver's :class:`Mailbox` on arrival, whether or not the receiver already asked for them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from collsvc.client.backends.base import Call
+from collsvc.client.backends.ring import frames
+from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.errors import (
+    AuthenticationError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CollsvcError,
+    RankFailedError,
+)
+from collsvc.types import TlsFiles
+
+log = logging.getLogger(__name__)
+
+SERVICE = "collsvc.proto.v1.Peer"
+DELIVER = f"/{SERVICE}/Deliver"
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """Mutual-TLS server credentials: the client must present a certificate signed by ``tls.ca``."""
+    return grpc.ssl_server_credentials(
+        [(_read(tls.key), _read(tls.cert))], root_certificates=_read(tls.ca), require_client_auth=True
+    )
+
+
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """Mutual-TLS client credentials."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca), private_key=_read(tls.key), certificate_chain=_read(tls.cert)
+    )
+
+
+def message_options(max_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_bytes),
+        ("grpc.max_send_message_length", max_bytes),
+    ]
+
+
+class PeerServer:
+    """Serves this rank's peer endpoint and deposits arriving frames into ``mailbox``.
+
+    With a token, every call must carry ``authorization: Bearer <token>``; the check is a constant-time
+    compare done before the frame is decoded.
+
+    Raises:
+        OSError: the address could not be bound.
+    """
+
+    def __init__(
+        self,
+        bind_host: str,
+        port: int,
+        mailbox: Mailbox,
+        *,
+        token: str | None,
+        tls: TlsFiles | None,
+        max_message_bytes: int,
+    ) -> None:
+        self._mailbox = mailbox
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._max_payload = max_message_bytes
+        options = [("grpc.so_reuseport", 0), *message_options(max_message_bytes + 8192)]
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="collsvc-peer"), options=options)
+        handlers = {"Deliver": grpc.unary_unary_rpc_method_handler(self._deliver)}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        address = f"[{bind_host}]:{port}" if ":" in bind_host else f"{bind_host}:{port}"
+        try:
+            if tls is not None:
+                bound = self._server.add_secure_port(address, server_credentials(tls))
+            else:
+                bound = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind the peer endpoint to {address}: {exc}") from exc
+        if not bound:
+            raise OSError(f"cannot bind the peer endpoint to {address}: address in use or unavailable")
+        self.port: int = bound
+        self._server.start()
+
+    def _authorized(self, context: grpc.ServicerContext) -> bool:
+        if self._expected is None:
+            return True
+        for key, value in context.invocation_metadata():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+    def _deliver(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if not self._authorized(context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "peer call denied: missing or wrong job token")
+        try:
+            header, payload = frames.decode(request, self._max_payload)
+        except frames.FrameError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._mailbox.deposit(header, payload)
+        return b""
+
+    def stop(self, grace: float = 0.5) -> None:
+        self._server.stop(grace).wait(grace + 1.0)
+
+
+def _send_error(code: grpc.StatusCode, details: str, rank: int, host: str, address: str) -> CollsvcError:
+    what = f"sending to rank {rank} at {address} failed ({code.name}): {details}"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationError(what)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return CollectiveTimeoutError(what, [{"rank": rank, "host": host}])
+    return RankFailedError(what, [rank], [host])
+
+
+class GrpcTransport:
+    """Outgoing channels to every peer (opened lazily) plus the local mailbox."""
+
+    def __init__(
+        self,
+        rank: int,
+        addresses: Mapping[int, str],
+        hosts: Mapping[int, str],
+        mailbox: Mailbox,
+        *,
+        token: str | None,
+        tls: TlsFiles | None,
+        max_message_bytes: int,
+    ) -> None:
+        self.rank = rank
+        self.mailbox = mailbox
+        self._addresses = dict(addresses)
+        self._hosts = dict(hosts)
+        self._tls = tls
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._max_payload = max_message_bytes
+        self._lock = threading.Lock()
+        self._channels: dict[int, grpc.Channel] = {}
+        self._senders: dict[int, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {}
+
+    def _sender(self, rank: int) -> grpc.UnaryUnaryMultiCallable[bytes, bytes]:
+        sender = self._senders.get(rank)
+        if sender is not None:
+            return sender
+        with self._lock:
+            if rank not in self._senders:
+                address = self._addresses[rank]
+                options = message_options(self._max_payload + 8192)
+                if self._tls is not None:
+                    channel = grpc.secure_channel(address, channel_credentials(self._tls), options=options)
+                else:
+                    channel = grpc.insecure_channel(address, options=options)
+                self._channels[rank] = channel
+                self._senders[rank] = channel.unary_unary(DELIVER, request_serializer=None, response_deserializer=None)
+            return self._senders[rank]
+
+    def channel(self, call: Call) -> GrpcChannel:
+        """A :class:`~collsvc.client.backends.base.Channel` for one call."""
+        return GrpcChannel(self, call)
+
+    def send_frame(self, dst: int, data: bytes, deadline: float, on_error: Callable[[CollsvcError], None]) -> grpc.Future[bytes]:
+        """Starts delivering ``data`` to global rank ``dst``; returns the call's future."""
+        timeout = max(deadline - time.monotonic(), 0.001)
+        future = self._sender(dst).future(data, timeout=timeout, metadata=self._metadata)
+        address, host = self._addresses[dst], self._hosts.get(dst, "")
+
+        def done(fut: grpc.Future[bytes]) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is not None:
+                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                on_error(_send_error(code, details or "", dst, host, address))
+
+        future.add_done_callback(done)
+        return future
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+            self._senders.clear()
+
+
+class GrpcChannel:
+    """Frames of one call over the gRPC transport (ranks are group indices)."""
+
+    def __init__(self, transport: GrpcTransport, call: Call) -> None:
+        self._transport = transport
+        self._call = call
+        self._ranks = call.group.ranks
+        self._key = frames.key_hash(call.key)
+        self._signature = call.signature.encode()
+        self._digest = call.signature.digest
+        self._pending: list[grpc.Future[bytes]] = []
+        self._error: CollsvcError | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._call.group.index
+
+    @property
+    def size(self) -> int:
+        return self._call.group.size
+
+    def _record(self, error: CollsvcError) -> None:
+        if self._error is None:
+            self._error = error
+        # A failed delivery means the peer is unreachable: wake this rank's waiters now.
+        self._transport.mailbox.fail(error)
+
+    def send(self, dst: int, step: int, payload: memoryview | bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        view = memoryview(payload).cast("B")
+        header = frames.encode_header(
+            self._transport.rank, self._key, self._call.seq, step, self._digest, self._signature, view.nbytes
+        )
+        data = b"".join((header, view))
+        self._pending.append(self._transport.send_frame(self._ranks[dst], data, self._call.deadline, self._record))
+
+    def recv(self, src: int, step: int) -> memoryview:
+        src_rank = self._ranks[src]
+        key = (self._key, self._call.seq, step, src_rank)
+        taken = self._transport.mailbox.take(key, self._call.deadline)
+        if taken is None:
+            raise CollectiveTimeoutError(
+                f"{self._call.signature.op} #{self._call.seq} in group '{self._call.group.name}': "
+                f"no data from rank {src_rank} before the timeout",
+                [{"rank": src_rank}],
+            )
+        header, payload = taken
+        if header.digest != self._digest:
+            raise mismatch_error(self._call, self._transport.rank, src_rank, header.signature)
+        return payload
+
+    def flush(self) -> None:
+        for future in self._pending:
+            remaining = self._call.deadline - time.monotonic()
+            try:
+                future.result(timeout=max(remaining, 0.001))
+            except grpc.FutureTimeoutError:
+                raise CollectiveTimeoutError(
+                    f"{self._call.signature.op} #{self._call.seq}: a send was not delivered before the timeout"
+                ) from None
+            except grpc.RpcError:
+                pass  # reported through the done-callback below
+            if self._error is not None:
+                raise self._error
+        self._pending.clear()
+
+
+def mismatch_error(call: Call, my_rank: int, other_rank: int, other_signature: bytes) -> CollectiveMismatchError:
+    """The error for a frame whose sender called something else at the same sequence number."""
+    import json
+
+    try:
+        theirs: Any = json.loads(other_signature.decode()) if other_signature else "unknown"
+    except ValueError:
+        theirs = "unreadable"
+    mine = call.signature.describe()
+    return CollectiveMismatchError(
+        f"collective mismatch at call #{call.seq} in group '{call.group.name}': rank {my_rank} called {mine}, "
+        f"rank {other_rank} called {theirs}",
+        {my_rank: mine, other_rank: theirs},
+    )

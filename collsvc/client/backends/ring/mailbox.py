@@ -1,0 +1,67 @@
+"""Frames that arrived before (or while) their receiver asked for them, keyed by call and step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from collsvc.client.backends.ring.frames import FrameHeader
+
+FrameKey = tuple[int, int, int, int]  # (key hash, sequence, step, source global rank)
+
+
+@dataclass
+class _Arrived:
+    header: FrameHeader
+    payload: memoryview
+
+
+class Mailbox:
+    """Thread-safe store of arrived frames with bounded waits.
+
+    A recorded failure wakes every waiter; frames already present are still handed out first, so a
+    peer that finished and left does not fail a receiver whose data already arrived.
+    """
+
+    def __init__(self) -> None:
+        self._frames: dict[FrameKey, _Arrived] = {}
+        self._cond = threading.Condition()
+        self._failure: BaseException | None = None
+
+    def deposit(self, header: FrameHeader, payload: memoryview) -> None:
+        key = (header.key_hash, header.seq, header.step, header.src)
+        with self._cond:
+            self._frames[key] = _Arrived(header, payload)
+            self._cond.notify_all()
+
+    def take(self, key: FrameKey, deadline: float) -> tuple[FrameHeader, memoryview] | None:
+        """Removes and returns the frame ``key``, or None when ``deadline`` passed first.
+
+        Raises:
+            BaseException: the failure recorded by :meth:`fail`, when the frame is not there.
+        """
+        with self._cond:
+            while True:
+                arrived = self._frames.pop(key, None)
+                if arrived is not None:
+                    return arrived.header, arrived.payload
+                if self._failure is not None:
+                    raise self._failure
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    def fail(self, error: BaseException) -> None:
+        """Records the first failure and wakes every waiter."""
+        with self._cond:
+            if self._failure is None:
+                self._failure = error
+            self._cond.notify_all()
+
+    def discard(self, key_hash: int, seq: int) -> None:
+        """Drops leftover frames of one call (after it failed)."""
+        with self._cond:
+            for key in [k for k in self._frames if k[0] == key_hash and k[1] == seq]:
+                del self._frames[key]

@@ -1,0 +1,252 @@
+"""Wake-ups among the ranks of one host: Linux abstract-namespace Unix datagram sockets.
+
+Every local rank binds an *inbox* named ``\\0collsvc-shm/<tag>/<rank>`` and, per peer, an *outbox*
+named ``.../<rank>><peer>`` connected to that peer's inbox. Abstract names have no file to clean up:
+the kernel drops them with the socket, also on SIGKILL. A receiver trusts a message only when its
+source address is the outbox the claimed sender owns, which no other process can bind while the sender
+lives.
+
+Messages are tiny: ``HELLO`` carries a segment descriptor (``SCM_RIGHTS``) while the group forms,
+``ARRIVE`` is a rank reaching barrier generation ``g`` (optionally with a call descriptor), ``WAKE``
+interrupts a blocked wait (``fail``). The arrival state is the truth, datagrams are its transport: the
+kernel's socket locks order every shared-memory write a sender made before it sent with every read the
+receiver makes after it received, on any CPU architecture.
+
+Sends never block the caller indefinitely: a peer's queue is bounded (``net.unix.max_dgram_qlen``,
+often 10), so a full queue is waited on with ``poll`` while this rank keeps draining its own inbox,
+which breaks the cycle of two ranks each waiting for the other's queue.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import math
+import os
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable
+
+HEADER = struct.Struct("<BxxxIQ")  # kind, sender local rank, generation
+HELLO, ARRIVE, WAKE = 1, 2, 3
+_MAX_MESSAGE = 1024
+_GONE = (ConnectionRefusedError, ConnectionResetError, BrokenPipeError, FileNotFoundError)
+
+
+def _names(namespace: str) -> bytes:
+    tag = hashlib.blake2b(namespace.encode(), digest_size=12).hexdigest()
+    return b"\0collsvc-shm/" + tag.encode()
+
+
+def _remaining_ms(deadline: float) -> int:
+    return max(0, math.ceil((deadline - time.monotonic()) * 1000))
+
+
+class Doorbell:
+    """One local rank's end of the group's wake-up sockets, plus what it heard from each peer.
+
+    Attributes:
+        arrived: per local rank, the highest barrier generation it announced (own entry included).
+        bodies: per generation parity, per local rank, the body of its last ``ARRIVE`` of that parity.
+        gone: local ranks whose inbox no longer exists (process exited or closed the group).
+    """
+
+    def __init__(self, namespace: str, rank: int, size: int) -> None:
+        """Binds this rank's inbox.
+
+        Raises:
+            OSError: the inbox name is taken (another group with the same namespace and rank).
+        """
+        self._base = _names(namespace)
+        self._rank, self._size = rank, size
+        self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        try:
+            self._inbox.bind(self._inbox_name(rank))
+        except OSError:
+            self._inbox.close()
+            raise
+        self._poll = select.poll()
+        self._poll.register(self._inbox, select.POLLIN)
+        self._out: dict[int, socket.socket] = {}
+        self._buf = bytearray(_MAX_MESSAGE)
+        self._expect_fds = True
+        self.arrived = [0] * size
+        self.bodies: tuple[list[bytes], list[bytes]] = ([b""] * size, [b""] * size)
+        self.hellos: dict[int, tuple[int, bytes]] = {}
+        self.gone: set[int] = set()
+
+    def _inbox_name(self, rank: int) -> bytes:
+        return self._base + b"/%d" % rank
+
+    def _outbox_name(self, src: int, dst: int) -> bytes:
+        return self._base + b"/%d>%d" % (src, dst)
+
+    # -- forming the group -----------------------------------------------------------------------
+
+    def exchange(self, fd: int, body: bytes, deadline: float, check: Callable[[], None]) -> bool:
+        """Sends ``fd`` with ``body`` to every peer and collects theirs into ``hellos``.
+
+        Peers may start at any time: a peer that is not bound yet sends its HELLO once it is, and this
+        rank answers it then. Received descriptors are the caller's to close.
+
+        Returns:
+            True when every peer's HELLO arrived and ours reached every peer; False at the deadline.
+
+        Raises:
+            Whatever ``check`` raises.
+        """
+        peers = [p for p in range(self._size) if p != self._rank]
+        sent: set[int] = set()
+        while True:
+            for peer in peers:
+                if peer not in sent and self._connect(peer) and self._send_fd(peer, fd, body):
+                    sent.add(peer)
+            self._drain()
+            check()
+            if len(sent) == len(peers) and len(self.hellos) == len(peers):
+                self._expect_fds = False
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            # A peer that binds later always sends us its HELLO, so waiting on our inbox suffices.
+            self._poll.poll(_remaining_ms(deadline))
+
+    def _connect(self, peer: int) -> bool:
+        if peer in self._out:
+            return True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        try:
+            sock.bind(self._outbox_name(self._rank, peer))
+            sock.connect(self._inbox_name(peer))
+        except _GONE:  # not bound yet
+            sock.close()
+            return False
+        except OSError:
+            sock.close()
+            raise
+        self._out[peer] = sock
+        return True
+
+    def _send_fd(self, peer: int, fd: int, body: bytes) -> bool:
+        message = HEADER.pack(HELLO, self._rank, 0) + body
+        fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+        try:
+            self._out[peer].sendmsg([message], fds)
+        except BlockingIOError:
+            return False  # its queue is full: retried on the next pass
+        return True
+
+    # -- barriers --------------------------------------------------------------------------------
+
+    def announce(self, generation: int, body: bytes, deadline: float) -> bool:
+        """Tells every peer that this rank reached ``generation``; False when a send hit the deadline."""
+        self.arrived[self._rank] = generation
+        self.bodies[generation % 2][self._rank] = body
+        message = HEADER.pack(ARRIVE, self._rank, generation) + body
+        for peer, sock in self._out.items():
+            if peer not in self.gone and not self._send(peer, sock, message, deadline):
+                return False
+        return True
+
+    def _send(self, peer: int, sock: socket.socket, message: bytes, deadline: float) -> bool:
+        while True:
+            try:
+                sock.send(message)
+                return True
+            except BlockingIOError:
+                pass
+            except _GONE:
+                self.gone.add(peer)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            poll = select.poll()
+            poll.register(sock, select.POLLOUT)
+            poll.register(self._inbox, select.POLLIN)
+            poll.poll(_remaining_ms(deadline))
+            self._drain()
+
+    def wait(self, ready: Callable[[], bool], deadline: float, check: Callable[[], None], spin: float) -> bool:
+        """Drains messages until ``ready()``; polls for ``spin`` seconds before it blocks.
+
+        Returns:
+            True once ready, False when the deadline passed first.
+
+        Raises:
+            Whatever ``check`` raises (it runs after every wake-up).
+        """
+        spin_until = time.monotonic() + spin
+        while True:
+            self._drain()
+            check()
+            if ready():
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if now >= spin_until:
+                self._poll.poll(_remaining_ms(deadline))
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                if self._expect_fds:
+                    data, ancillary, _, source = self._inbox.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(16))
+                    fds = _fds(ancillary)
+                    size = len(data)
+                    view = memoryview(data)
+                else:
+                    size, source = self._inbox.recvfrom_into(self._buf)
+                    fds = []
+                    view = memoryview(self._buf)
+            except BlockingIOError:
+                return
+            self._accept(view, size, source, fds)
+
+    def _accept(self, view: memoryview, size: int, source: object, fds: list[int]) -> None:
+        keep = False
+        if size >= HEADER.size:
+            kind, sender, generation = HEADER.unpack_from(view)
+            trusted = 0 <= sender < self._size and source == self._outbox_name(sender, self._rank)
+            if trusted and kind == ARRIVE and generation > self.arrived[sender]:
+                self.arrived[sender] = generation
+                self.bodies[generation % 2][sender] = bytes(view[HEADER.size : size])
+            elif trusted and kind == HELLO and fds and sender not in self.hellos:
+                self.hellos[sender] = (fds[0], bytes(view[HEADER.size : size]))
+                keep = True
+            # WAKE and untrusted messages only make the waiter look at its state again.
+        for index, fd in enumerate(fds):
+            if not (keep and index == 0):
+                os.close(fd)
+
+    def wake(self) -> None:
+        """Interrupts a blocked :meth:`wait` (safe from any thread)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.sendto(HEADER.pack(WAKE, self._rank, 0), socket.MSG_DONTWAIT, self._inbox_name(self._rank))
+            except OSError:  # a full inbox wakes the waiter anyway; a closed one has no waiter
+                pass
+
+    def close(self) -> None:
+        """Closes every socket; peers see this rank as gone."""
+        for sock in self._out.values():
+            sock.close()
+        self._out.clear()
+        self._inbox.close()
+        for fd, _ in self.hellos.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.hellos.clear()
+
+
+def _fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(array.array("i", data[:usable]))
+    return fds

@@ -1,0 +1,316 @@
+"""The Communicator: the public collective API over one group of a job.
+
+Arguments are validated here once, before anything is sent; each call gets the next sequence number
+of its group and runs on the job's ordered executor. The array plumbing of each collective lives in
+``ops.py``; object collectives in ``objects.py``; gradient bucketing in ``bucketing.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from collsvc.client import bucketing, objects, ops
+from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.job import Job
+from collsvc.client.work import Work
+from collsvc.errors import AbortedError, CollsvcError
+from collsvc.proto.v1 import coordinator_pb2
+from collsvc.types import ReduceOp
+
+T = TypeVar("T")
+WORLD = "world"
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    Attributes:
+        rank: this process's rank in the group. size: members in the group.
+        local_rank / local_size: position among, and count of, the group's members on this host.
+        node_rank / num_nodes: index of this host among the group's hosts, and their count.
+        name: the group's name ("world" for the job). backend: "ring" or "nccl".
+    """
+
+    def __init__(self, job: Job, name: str, global_ranks: Sequence[int]) -> None:
+        self._job = job
+        self._ranks = tuple(global_ranks)
+        self.name = name
+        self.rank = self._ranks.index(job.rank)
+        self.size = len(self._ranks)
+        self.backend = job.backend_name
+        hosts = [job.hosts[r] for r in self._ranks]
+        my_host = hosts[self.rank]
+        node_order = list(dict.fromkeys(hosts))
+        self.local_rank = hosts[: self.rank].count(my_host)
+        self.local_size = hosts.count(my_host)
+        self.node_rank = node_order.index(my_host)
+        self.num_nodes = len(node_order)
+        self._spec = GroupSpec(name, self._ranks, self.rank)
+        self._lock = threading.Lock()
+        self._seqs: dict[str, int] = {}
+        self._barriers = 0
+        self._groups = 0
+        self._closed = False
+        self._intra: Communicator | None = None
+        self._inter: Communicator | None = None
+
+    def __repr__(self) -> str:
+        return f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        """The job-wide ranks of this group's members, in group order."""
+        return self._ranks
+
+    # ---- infrastructure -------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed or self._job.closed:
+            raise CollsvcError(f"communicator '{self.name}' is closed")
+        self._job.failure.check()
+
+    def _next_seq(self, stream: str) -> int:
+        with self._lock:
+            seq = self._seqs.get(stream, 0) + 1
+            self._seqs[stream] = seq
+            return seq
+
+    def _issue(
+        self,
+        signature: Signature,
+        body: Callable[[Call, Any], T],
+        *,
+        async_op: bool = False,
+        on_gpu: bool = False,
+        stream: str | None = None,
+        spec: GroupSpec | None = None,
+    ) -> T | Work[T]:
+        """Numbers a call and runs ``body(call, backend)`` in issue order; maps failures for every rank."""
+        self._check_usable()
+        stream = stream or self.name
+        seq = self._next_seq(stream)
+        backend = self._job.backend_for(on_gpu)
+        group = spec or self._spec
+        description = f"{signature.op}({signature.dtype}{list(signature.shape)}" + (
+            f", {signature.reduce_op})" if signature.reduce_op else ")"
+        )
+
+        def execute() -> T:
+            self._job.failure.check()
+            call = Call(group, stream, seq, signature, time.monotonic() + self._job.options.timeout)
+            record = self._job.progress.start(stream, seq, description)
+            try:
+                result = body(call, backend)
+            except CollsvcError as exc:
+                self._job.progress.finish(record, type(exc).__name__)
+                raise self._job.on_failure(call, exc) from exc
+            self._job.progress.finish(record)
+            return result
+
+        if async_op:
+            return Work(self._job.executor.submit(execute), f"{description} #{seq} in group '{self.name}'")
+        return self._job.executor.run(execute)
+
+    def _group_rank(self, rank: int, what: str) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"{what} must be an int rank, got {rank!r}")
+        if not 0 <= rank < self.size:
+            raise ValueError(f"{what}={rank} is outside this communicator's ranks [0, {self.size})")
+        return rank
+
+    # ---- collectives ------------------------------------------------------------------------------
+    def all_reduce(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+        """Every rank gets the elementwise reduction of every rank's ``x``.
+
+        Args:
+            x: an array, or a list of arrays of one dtype (one fused transfer, returns a list).
+            op: the reduction. out: where to write the result (``out is x``: in place).
+            async_op: return a :class:`Work` instead of the result.
+
+        Raises:
+            TypeError: unsupported array kind or dtype, or an op/dtype pair API.md forbids.
+            ValueError: ``out`` has the wrong shape.
+            CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: see API.md.
+        """
+        return ops.all_reduce(self, x, op, out=out, async_op=async_op)
+
+    def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+        """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
+
+        Raises:
+            TypeError / ValueError: as all_reduce, or ``dst`` is not a rank of this communicator.
+        """
+        return ops.reduce(self, x, self._group_rank(dst, "dst"), op, out=out, async_op=async_op)
+
+    def broadcast(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+        """Every rank gets ``src``'s array (``x`` gives the shape and dtype on every rank).
+
+        Raises:
+            TypeError / ValueError: unsupported array, wrong ``out``, or ``src`` out of range.
+        """
+        return ops.broadcast(self, x, self._group_rank(src, "src"), out=out, async_op=async_op)
+
+    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+        """Every rank's ``x`` concatenated along axis 0 in rank order (0-d arrays count as shape (1,)).
+
+        Raises:
+            TypeError / ValueError: unsupported array, or ``out`` of the wrong shape.
+        """
+        return ops.all_gather(self, x, out=out, async_op=async_op)
+
+    def reduce_scatter(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+        """Rank r gets block r (along axis 0) of the reduction.
+
+        Raises:
+            ValueError: ``x.shape[0]`` is not divisible by the size, or ``out`` has the wrong shape.
+        """
+        return ops.reduce_scatter(self, x, op, out=out, async_op=async_op)
+
+    def gather(self, x: Any, dst: int, *, out: Any = None, async_op: bool = False) -> Any:
+        """Like all_gather, with the result on ``dst`` only (None elsewhere)."""
+        return ops.gather(self, x, self._group_rank(dst, "dst"), out=out, async_op=async_op)
+
+    def scatter(self, x: Any, src: int, *, out: Any = None, async_op: bool = False) -> Any:
+        """Rank r gets block r of ``src``'s ``x``. Other ranks may pass ``x=None`` with ``out=``.
+
+        Raises:
+            ValueError: ``x.shape[0]`` on ``src`` not divisible by the size; neither ``x`` nor ``out``.
+        """
+        return ops.scatter(self, x, self._group_rank(src, "src"), out=out, async_op=async_op)
+
+    def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+        """Block j of rank i's ``x`` lands as block i of rank j's result.
+
+        Raises:
+            ValueError: ``x.shape[0]`` not divisible by the size.
+        """
+        return ops.all_to_all(self, x, out=out, async_op=async_op)
+
+    def send(self, x: Any, dst: int, tag: int = 0) -> None:
+        """Sends ``x`` to ``dst``; returns once it was delivered to ``dst``'s endpoint.
+
+        Raises:
+            ValueError: ``dst`` is this rank or out of range.
+        """
+        ops.send(self, x, self._group_rank(dst, "dst"), tag)
+
+    def recv(self, src: int, tag: int = 0, *, out: Any = None, shape: Any = None, dtype: Any = None) -> Any:
+        """Receives the next array ``src`` sent with ``tag`` (shape and dtype from ``out`` or the arguments).
+
+        Raises:
+            ValueError: ``src`` is this rank or out of range; neither ``out`` nor ``shape`` and ``dtype``.
+            CollectiveMismatchError: the sender's array has another shape or dtype.
+        """
+        return ops.recv(self, self._group_rank(src, "src"), tag, out=out, shape=shape, dtype=dtype)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Returns when every rank of this communicator entered the barrier.
+
+        Raises:
+            CollectiveTimeoutError: ``timeout`` (default: the communicator's) passed; names who is missing.
+            RankFailedError / AbortedError: a member failed or the job was aborted.
+        """
+        wait = self._job.options.timeout if timeout is None else float(timeout)
+        if not wait > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        with self._lock:
+            self._barriers += 1
+            generation = self._barriers
+
+        def body(call: Call, backend: Any) -> None:
+            self._job.client.barrier(self.name, self._job.rank, generation, wait)
+
+        self._issue(Signature("barrier", "", ()), body)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``src``'s picklable object on every rank (unpickled only from authenticated peers).
+
+        Raises:
+            AuthenticationError: the job has neither token nor TLS (set COLLSVC_TOKEN, or
+                COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE=1 to accept the risk).
+        """
+        return objects.broadcast_object(self, obj, self._group_rank(src, "src"))
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable object, in rank order (same authentication rule as broadcast_object)."""
+        return objects.all_gather_object(self, obj)
+
+    def all_reduce_callback(
+        self, arrays: Sequence[Any], pack_size: int, op: ReduceOp = ReduceOp.AVG
+    ) -> bucketing.GradientBucketer:
+        """A callable to call with each array as it becomes ready; reduces buckets of ``pack_size`` bytes
+        in place as they fill. ``wait()`` on it reduces the rest and waits for everything.
+
+        Raises:
+            ValueError: ``pack_size`` < 1 or no arrays. TypeError: as all_reduce.
+        """
+        return bucketing.GradientBucketer(self, list(arrays), pack_size, op)
+
+    # ---- groups -----------------------------------------------------------------------------------
+    def new_group(self, ranks: Sequence[int], name: str | None = None) -> Communicator | None:
+        """A sub-communicator of ``ranks`` (ranks of this communicator). Every rank of this communicator
+        calls it, in the same order; ranks outside ``ranks`` get None.
+
+        Raises:
+            ValueError: duplicate or out-of-range ranks, or ``name`` already names other ranks.
+        """
+        members = [self._group_rank(r, "ranks[i]") for r in ranks]
+        if not members or len(set(members)) != len(members):
+            raise ValueError(f"new_group needs distinct ranks, got {list(ranks)}")
+        with self._lock:
+            self._groups += 1
+            index = self._groups
+        group_name = name or f"{self.name}.{index}"
+        global_ranks = [self._ranks[r] for r in members]
+        self._check_usable()
+        self._job.client.new_group(group_name, global_ranks)
+        if self.rank not in members:
+            return None
+        return Communicator(self._job, group_name, global_ranks)
+
+    def find_group(self, name: str) -> list[int]:
+        """The (job-wide) ranks of the group named ``name``, or [] if there is none."""
+        return self._job.client.find_group(name)
+
+    def _subgroup(self, name: str, ranks: list[int]) -> Communicator:
+        self._job.client.new_group(name, ranks)
+        return Communicator(self._job, name, ranks)
+
+    @property
+    def intra_node(self) -> Communicator:
+        """The members of this communicator on this host."""
+        if self._intra is None:
+            hosts = self._job.hosts
+            mine = hosts[self._job.rank]
+            ranks = [r for r in self._ranks if hosts[r] == mine]
+            self._intra = self._subgroup(f"{self.name}/node{self.node_rank}", ranks)
+        return self._intra
+
+    @property
+    def inter_node(self) -> Communicator:
+        """One member per host: the host leaders (local_rank 0) for leaders; for the others, the members
+        with the same local_rank on every host that has one (Horovod's cross communicator)."""
+        if self._inter is None:
+            hosts = self._job.hosts
+            position: dict[str, int] = {}
+            local_of: dict[int, int] = {}
+            for r in self._ranks:
+                local_of[r] = position.get(hosts[r], 0)
+                position[hosts[r]] = local_of[r] + 1
+            ranks = [r for r in self._ranks if local_of[r] == self.local_rank]
+            self._inter = self._subgroup(f"{self.name}/cross{self.local_rank}", ranks)
+        return self._inter
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def abort(self, reason: str) -> None:
+        """Fails every rank's pending and future collectives with AbortedError(reason)."""
+        self._job.client.report(coordinator_pb2.EVENT_KIND_JOB_ABORTED, reason)
+        self._job.failure.set(AbortedError(f"job aborted by rank {self._job.rank}: {reason}", reason))
+
+    def close(self) -> None:
+        """Leaves cleanly. Closing the world communicator leaves the job; a sub-communicator just closes."""
+        self._closed = True
+        if self.name == WORLD:
+            self._job.close()

@@ -1,0 +1,255 @@
+"""Liveness: heartbeats with progress to the coordinator, and the job events it pushes back.
+
+:class:`FailureState` holds the first failure a process saw (a dead peer, an abort, a mismatch, a lost
+coordinator); setting it wakes every waiter through its listeners, so pending collectives fail at once
+and later ones fail fast. :class:`ProgressTracker` records what each group last started and finished
+and keeps a flight recorder of recent collectives, written to the log and a file on failure.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+
+from collsvc.client.rendezvous import CoordinatorClient
+from collsvc.errors import (
+    AbortedError,
+    CollectiveMismatchError,
+    CollsvcError,
+    RankFailedError,
+    RendezvousError,
+    error_from_rpc,
+)
+from collsvc.proto.v1 import common_pb2, coordinator_pb2
+
+log = logging.getLogger(__name__)
+Events = coordinator_pb2.EventKind
+
+
+class FailureState:
+    """The first failure of a job in this process; listeners are told once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._listeners: list[Callable[[BaseException], None]] = []
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def add_listener(self, listener: Callable[[BaseException], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+            error = self._error
+        if error is not None:
+            listener(error)
+
+    def set(self, error: BaseException) -> bool:
+        """Records ``error`` unless a failure is already recorded; returns whether it was the first."""
+        with self._lock:
+            if self._error is not None:
+                return False
+            self._error = error
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(error)
+        return True
+
+    def check(self) -> None:
+        """Raises the recorded failure, if any (fail fast on every call after a failure)."""
+        if self._error is not None:
+            raise self._error
+
+
+@dataclass
+class OpRecord:
+    group: str
+    seq: int
+    op: str
+    started: float
+    seconds: float | None = None
+    outcome: str = "running"
+
+
+class ProgressTracker:
+    """Per-group sequence progress plus the last ``capacity`` collectives of this rank."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, list[Any]] = {}  # group -> [started_seq, finished_seq, last_op]
+        self._recent: collections.deque[OpRecord] = collections.deque(maxlen=capacity)
+
+    def start(self, group: str, seq: int, op: str) -> OpRecord:
+        record = OpRecord(group, seq, op, time.time())
+        with self._lock:
+            entry = self._groups.setdefault(group, [0, 0, ""])
+            entry[0] = max(entry[0], seq)
+            self._recent.append(record)
+        return record
+
+    def finish(self, record: OpRecord, outcome: str = "ok") -> None:
+        with self._lock:
+            record.seconds = time.time() - record.started
+            record.outcome = outcome
+            if outcome == "ok":
+                entry = self._groups.setdefault(record.group, [0, 0, ""])
+                entry[1] = max(entry[1], record.seq)
+                entry[2] = record.op
+
+    def snapshot(self) -> list[common_pb2.Progress]:
+        with self._lock:
+            return [
+                common_pb2.Progress(group=g, started_seq=e[0], finished_seq=e[1], last_op=e[2])
+                for g, e in self._groups.items()
+            ]
+
+    def recent(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [asdict(r) for r in self._recent]
+
+    def dump(self, job_id: str, rank: int, error: BaseException) -> str:
+        """Writes the flight recorder to the log and to a JSON file; returns the file's path."""
+        records = self.recent()
+        directory = os.environ.get("COLLSVC_DUMP_DIR") or tempfile.gettempdir()
+        path = os.path.join(directory, f"collsvc-{job_id}-rank{rank}-{os.getpid()}.json")
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump({"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1)
+        except OSError as exc:
+            log.warning("job %s rank %d: could not write flight recorder to %s: %s", job_id, rank, path, exc)
+        for record in records[-8:]:
+            log.error("job %s rank %d recent: %s", job_id, rank, record)
+        return path
+
+
+def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
+    """The exception a job event means for this process, or None for informational events."""
+    ranks, hosts = list(event.ranks), list(event.hosts)
+    where = ", ".join(f"{r} ({h})" if h else str(r) for r, h in zip(ranks, hosts or [""] * len(ranks)))
+    if event.kind == Events.EVENT_KIND_MEMBER_FAILED:
+        return RankFailedError(f"rank {where} failed: {event.reason}", ranks, hosts)
+    if event.kind == Events.EVENT_KIND_MEMBER_LEFT:
+        return RankFailedError(f"rank {where} left the job", ranks, hosts)
+    if event.kind == Events.EVENT_KIND_JOB_ABORTED:
+        return AbortedError(f"job aborted: {event.reason}", event.reason)
+    if event.kind == Events.EVENT_KIND_COLLECTIVE_MISMATCH:
+        raw = json.loads(event.details_json or "{}")
+        return CollectiveMismatchError(event.reason, {int(k): v for k, v in raw.items()})
+    return None
+
+
+class Watcher:
+    """Runs the Watch stream in a daemon thread: heartbeats out, job events in.
+
+    A broken stream is retried until ``coordinator_grace`` seconds pass; then (or when a restarted
+    coordinator no longer knows the job) the failure state gets a :class:`RendezvousError`.
+    """
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        rank: int,
+        *,
+        interval: float,
+        progress: ProgressTracker,
+        failure: FailureState,
+        coordinator_grace: float = 20.0,
+    ) -> None:
+        self._client = client
+        self._rank = rank
+        self._interval = interval
+        self._progress = progress
+        self._failure = failure
+        self._grace = coordinator_grace
+        self._stopping = threading.Event()
+        self._watching = threading.Event()
+        self._outbox: queue.Queue[coordinator_pb2.WatchRequest | None] = queue.Queue()
+        self._call: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"collsvc-watch-{rank}", daemon=True)
+
+    def start(self, timeout: float) -> None:
+        """Starts the stream and waits until the coordinator registered it.
+
+        Raises:
+            RendezvousError: the coordinator did not confirm the stream within ``timeout``.
+        """
+        self._thread.start()
+        if not self._watching.wait(timeout):
+            error = self._failure.error()
+            if isinstance(error, CollsvcError):
+                raise error
+            raise RendezvousError(f"rank {self._rank}: the coordinator did not confirm the heartbeat stream")
+
+    def _requests(self) -> Iterator[coordinator_pb2.WatchRequest]:
+        yield coordinator_pb2.WatchRequest(
+            job_id=self._client.job_id, rank=self._rank, member_secret=self._client.member_secret
+        )
+        while not self._stopping.is_set():
+            try:
+                item = self._outbox.get(timeout=self._interval)  # the heartbeat period
+            except queue.Empty:
+                item = coordinator_pb2.WatchRequest(progress=self._progress.snapshot())
+            if item is None:
+                return
+            yield item
+
+    def beat_now(self) -> None:
+        """Sends progress immediately (used before reporting a timeout)."""
+        self._outbox.put(coordinator_pb2.WatchRequest(progress=self._progress.snapshot()))
+
+    def _run(self) -> None:
+        deadline: float | None = None
+        while not self._stopping.is_set():
+            try:
+                self._call = self._client.stub.Watch(self._requests(), metadata=self._client.metadata)
+                for event in self._call:
+                    deadline = None
+                    if event.kind == Events.EVENT_KIND_WATCHING:
+                        self._watching.set()
+                        continue
+                    error = event_error(event)
+                    if error is not None:
+                        log.error("job %s rank %d: %s", self._client.job_id, self._rank, error)
+                        self._failure.set(error)
+                if self._stopping.is_set():
+                    return
+                raise RendezvousError("the coordinator closed the heartbeat stream")
+            except (grpc.RpcError, RendezvousError) as exc:
+                if self._stopping.is_set():
+                    return
+                code = exc.code() if isinstance(exc, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
+                now = time.monotonic()
+                deadline = deadline or now + self._grace
+                retriable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+                if not retriable or now >= deadline:
+                    cause: BaseException = (
+                        error_from_rpc(exc, "heartbeat stream") if isinstance(exc, grpc.RpcError) else exc
+                    )
+                    self._failure.set(
+                        RendezvousError(
+                            f"rank {self._rank} lost the coordinator at {self._client.address} "
+                            f"(job '{self._client.job_id}'): {cause}"
+                        )
+                    )
+                    self._watching.set()
+                    return
+                self._stopping.wait(0.2)  # reconnect backoff while the coordinator may be restarting
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._outbox.put(None)
+        if self._call is not None:
+            self._call.cancel()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)

@@ -1,0 +1,54 @@
+"""Object collectives: pickled bytes carried by array collectives.
+
+Unpickling runs code chosen by the sender, so it happens only when peers are authenticated (a job
+token or mutual TLS) or the user opted in with ``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE=1``. The check is
+local and identical on every rank, so all ranks refuse together before any data moves.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from collsvc.errors import AuthenticationError
+
+if TYPE_CHECKING:
+    from collsvc.client.communicator import Communicator
+
+
+def _check_allowed(comm: Communicator) -> None:
+    options = comm._job.options
+    if options.token or options.tls is not None or options.allow_pickle:
+        return
+    raise AuthenticationError(
+        "object collectives unpickle only data from authenticated peers, and this job has neither a token nor "
+        "TLS: set COLLSVC_TOKEN (or init(token=...)), or set COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE=1 to accept "
+        "the risk"
+    )
+
+
+def _dumps(obj: Any) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+
+def broadcast_object(comm: Communicator, obj: Any, src: int) -> Any:
+    _check_allowed(comm)
+    payload = _dumps(obj) if comm.rank == src else np.empty(0, dtype=np.uint8)
+    length = comm.broadcast(np.array([payload.size], dtype=np.int64), src)
+    if comm.rank != src:
+        payload = np.empty(int(length[0]), dtype=np.uint8)
+    data = comm.broadcast(payload, src)
+    return obj if comm.rank == src else pickle.loads(data.tobytes())
+
+
+def all_gather_object(comm: Communicator, obj: Any) -> list[Any]:
+    _check_allowed(comm)
+    payload = _dumps(obj)
+    lengths = comm.all_gather(np.array([payload.size], dtype=np.int64))
+    width = int(lengths.max())
+    padded = np.zeros(width, dtype=np.uint8)
+    padded[: payload.size] = payload
+    rows = comm.all_gather(padded).reshape(comm.size, width)
+    return [obj if r == comm.rank else pickle.loads(rows[r, : int(lengths[r])].tobytes()) for r in range(comm.size)]

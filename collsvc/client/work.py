@@ -1,0 +1,95 @@
+"""Async handles and the per-process executor that runs collectives in the order they were issued."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from collsvc.errors import CollectiveTimeoutError
+
+T = TypeVar("T")
+
+
+class Work(Generic[T]):
+    """The handle ``async_op=True`` returns."""
+
+    def __init__(self, future: concurrent.futures.Future[T], description: str) -> None:
+        self._future = future
+        self._description = description
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the operation finished; returns True.
+
+        Raises:
+            CollectiveTimeoutError: ``timeout`` seconds passed first (the operation keeps running and
+                is still bounded by the communicator's own timeout).
+            CollsvcError: the operation failed (the same error every rank sees).
+        """
+        try:
+            self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise CollectiveTimeoutError(f"{self._description} did not complete within {timeout:g}s") from None
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the operation finished (successfully or not)."""
+        return self._future.done()
+
+    def result(self) -> T:
+        """The operation's result, waiting for it.
+
+        Raises:
+            CollsvcError: the operation failed.
+        """
+        return self._future.result()
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once it finished, else None (waits for it)."""
+        return self._future.exception()
+
+
+class OrderedExecutor:
+    """Runs submitted operations one at a time, in submission order, on one worker thread.
+
+    Synchronous calls run inline when nothing is queued, and behind the queue otherwise, so every rank
+    executes its collectives in the order it issued them.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._queued = 0
+
+    def _wrap(self, fn: Callable[[], T]) -> Callable[[], T]:
+        def run() -> T:
+            try:
+                return fn()
+            finally:
+                with self._lock:
+                    self._queued -= 1
+
+        return run
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        with self._lock:
+            self._queued += 1
+        return self._pool.submit(self._wrap(fn))
+
+    def run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            idle = self._queued == 0
+        if idle:
+            return fn()
+        return self.submit(fn).result()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def done_work(value: Any, description: str) -> Work[Any]:
+    """A completed Work (for async calls that had nothing to do)."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    future.set_result(value)
+    return Work(future, description)

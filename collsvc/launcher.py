@@ -1,0 +1,337 @@
+"""``collsvc run``: start N local ranks of a script, copy their output, stop them all at the first failure.
+
+With no ``coordinator`` the launcher serves an embedded coordinator on ``127.0.0.1`` (port 0, a fresh
+random token) in a thread of its own process; otherwise the ranks join the given one (multi-node: one
+launcher per node, each with its ``node_rank``).
+
+Each rank runs in its own session (process group), so stopping a rank also stops the processes it
+started. When the first rank exits non-zero or is killed, every other rank gets SIGTERM, then SIGKILL
+after ``grace`` seconds; the launcher prints one summary line naming that rank and exits non-zero.
+SIGINT / SIGTERM to the launcher are forwarded the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+from collsvc._output import LinePump, write_line
+
+EXIT_TIMEOUT = 124  # like coreutils timeout(1)
+_AFTER_KILL_WAIT = 5.0  # seconds to wait for SIGKILLed ranks to be reaped before giving up on them
+_PUMP_JOIN = 2.0  # seconds to let the output copiers drain after the ranks exited
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+    """What ``collsvc run`` starts.
+
+    Attributes:
+        command: the argv of one rank (``[sys.executable, "train.py", ...]``).
+        nproc: ranks on this node.
+        nnodes: nodes in the job; the world size is ``nnodes * nproc``.
+        node_rank: this node's index; its ranks are ``node_rank * nproc + i``.
+        coordinator: ``host:port`` of an external coordinator, or None for an embedded one.
+        token: the job token for an external coordinator (the embedded one makes its own).
+        job_id: passed to the ranks as ``COLLSVC_JOB_ID``.
+        grace: seconds between SIGTERM and SIGKILL when stopping ranks.
+        timeout: seconds the whole job may run before it is stopped, or None for no limit.
+    """
+
+    command: Sequence[str]
+    nproc: int
+    nnodes: int = 1
+    node_rank: int = 0
+    coordinator: str | None = None
+    token: str | None = None
+    job_id: str = "default"
+    grace: float = 3.0
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ValueError(f"-n must be >= 1, got {self.nproc}")
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank {self.node_rank} is outside [0, {self.nnodes})")
+        if self.nnodes > 1 and self.coordinator is None:
+            raise ValueError(
+                "--nnodes > 1 needs --coordinator HOST:PORT (a coordinator every node can reach)"
+            )
+        if self.grace < 0:
+            raise ValueError(f"--grace must be >= 0, got {self.grace}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        if not self.command:
+            raise ValueError("no command to run")
+
+
+def describe_exit(returncode: int) -> str:
+    """``"exit code 3"`` or ``"killed by signal SIGKILL (9)"`` for a ``Popen.returncode``."""
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    signum = -returncode
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"killed by signal {name} ({signum})"
+
+
+def rank_env(
+    base: Mapping[str, str], spec: LaunchSpec, coordinator: str, token: str | None, local_rank: int
+) -> dict[str, str]:
+    """The environment of local rank ``local_rank``: ``base`` plus the ``COLLSVC_*`` variables init reads."""
+    env = dict(base)
+    env.update(
+        COLLSVC_COORDINATOR=coordinator,
+        COLLSVC_WORLD_SIZE=str(spec.nnodes * spec.nproc),
+        COLLSVC_RANK=str(spec.node_rank * spec.nproc + local_rank),
+        COLLSVC_LOCAL_RANK=str(local_rank),
+        COLLSVC_JOB_ID=spec.job_id,
+        PYTHONUNBUFFERED="1",
+    )
+    if token:
+        env["COLLSVC_TOKEN"] = token
+    else:
+        env.pop("COLLSVC_TOKEN", None)
+    # Ranks must import the same collsvc as the launcher, also when it runs from a source tree that is
+    # only on the launcher's path (python -m collsvc from the checkout). Never for site-packages: that
+    # would move it before the standard library.
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if package_parent not in parts:
+            env["PYTHONPATH"] = os.pathsep.join([package_parent, *parts])
+    return env
+
+
+@dataclasses.dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen[bytes]
+    pumps: tuple[LinePump, LinePump]
+    returncode: int | None = None
+
+
+class Launcher:
+    """Starts and supervises the local ranks of one ``collsvc run``.
+
+    Args:
+        spec: what to start.
+        host: the host name used in the summary line.
+        out: where a summary line goes (default ``sys.stderr``).
+    """
+
+    def __init__(
+        self, spec: LaunchSpec, *, host: str | None = None, out: Callable[[str], None] | None = None
+    ):
+        self.spec = spec
+        self.host = host or os.environ.get("COLLSVC_HOST") or socket.gethostname()
+        self._say = out or (lambda text: write_line(sys.stderr, text + "\n"))
+        self._events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()
+        self._ranks: list[_Rank] = []
+        self._signalled: int | None = None
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs in the main thread between bytecodes; SimpleQueue.put is reentrant, a Queue would not be.
+        self._signalled = self._signalled or signum
+        self._events.put(("signal", -1, signum))
+
+    def _install_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    # -- processes -------------------------------------------------------------------------------
+
+    def _spawn(self, coordinator: str, token: str | None) -> None:
+        for local_rank in range(self.spec.nproc):
+            if self._signalled:
+                return
+            rank = self.spec.node_rank * self.spec.nproc + local_rank
+            process = subprocess.Popen(
+                list(self.spec.command),
+                env=rank_env(os.environ, self.spec, coordinator, token, local_rank),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: stopping a rank stops its children
+            )
+            assert process.stdout is not None and process.stderr is not None
+            prefix = f"[rank {rank}] "
+            pumps = (
+                LinePump(process.stdout, sys.stdout, prefix),
+                LinePump(process.stderr, sys.stderr, prefix),
+            )
+            for pump in pumps:
+                pump.start()
+            self._ranks.append(_Rank(rank, process, pumps))
+            threading.Thread(
+                target=self._wait_one, args=(rank, process), name=f"collsvc-wait rank {rank}", daemon=True
+            ).start()
+
+    def _wait_one(self, rank: int, process: subprocess.Popen[bytes]) -> None:
+        self._events.put(("exit", rank, process.wait()))
+
+    def _signal_all(self, signum: int) -> None:
+        for entry in self._ranks:
+            with contextlib.suppress(OSError):  # OSError: the whole group is gone already
+                os.killpg(entry.process.pid, signum)
+
+    # -- the supervision loop --------------------------------------------------------------------
+
+    def run(self, coordinator: str, token: str | None) -> int:
+        """Starts the ranks, waits for all of them, and returns the exit status for ``collsvc run``.
+
+        Args:
+            coordinator: ``host:port`` the ranks join.
+            token: the job token given to the ranks, or None.
+
+        Returns:
+            0 when every rank exited 0; the failed rank's exit code (128 + signal number when it was
+            killed by a signal) for the first rank that failed; 128 + signal number when the launcher
+            was interrupted; 124 when ``spec.timeout`` expired; 1 when a rank could not be started.
+        """
+        previous = self._install_handlers()
+        try:
+            try:
+                self._spawn(coordinator, token)
+            except OSError as exc:
+                self._say(f"collsvc run: cannot start rank {len(self._ranks)}: {exc}")
+                self._stop_now()
+                return 1
+            return self._supervise()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _stop_now(self) -> None:
+        self._signal_all(signal.SIGKILL)
+        for entry in self._ranks:
+            entry.process.wait()
+
+    def _supervise(self) -> int:
+        pending = {entry.rank for entry in self._ranks}
+        by_rank = {entry.rank: entry for entry in self._ranks}
+        failed: _Rank | None = None
+        stopped_by: int | None = None  # signal number that stopped the launcher
+        timed_out = False
+        now = time.monotonic()
+        job_deadline = now + self.spec.timeout if self.spec.timeout else None
+        kill_deadline: float | None = None
+        give_up: float | None = None
+
+        def begin_stop() -> None:
+            nonlocal kill_deadline
+            if kill_deadline is None and give_up is None:
+                self._signal_all(signal.SIGTERM)
+                kill_deadline = time.monotonic() + self.spec.grace
+
+        if self._signalled:  # a signal came while the ranks were being started
+            stopped_by = self._signalled
+            begin_stop()
+        while pending:
+            deadlines = [d for d in (job_deadline, kill_deadline, give_up) if d is not None]
+            wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            try:
+                kind, rank, value = self._events.get(timeout=wait)
+            except queue.Empty:
+                now = time.monotonic()
+                if give_up is not None and now >= give_up:
+                    break  # unkillable (uninterruptible sleep): report what we know
+                if kill_deadline is not None and now >= kill_deadline:
+                    self._signal_all(signal.SIGKILL)
+                    kill_deadline, give_up = None, now + _AFTER_KILL_WAIT
+                if job_deadline is not None and now >= job_deadline:
+                    job_deadline = None
+                    if failed is None and stopped_by is None:
+                        timed_out = True
+                    begin_stop()
+                continue
+            if kind == "signal":
+                if stopped_by is None and failed is None and not timed_out:
+                    stopped_by = value
+                if kill_deadline is not None:  # a second Ctrl-C: do not wait out the grace period
+                    kill_deadline = time.monotonic()
+                begin_stop()
+                continue
+            pending.discard(rank)
+            by_rank[rank].returncode = value
+            if value != 0 and failed is None and stopped_by is None and not timed_out:
+                failed = by_rank[rank]
+                begin_stop()
+        self._drain_output()
+        return self._summarize(failed, stopped_by, timed_out)
+
+    def _drain_output(self) -> None:
+        # The ranks are gone; their pipes reach EOF unless a stray child still holds them open.
+        deadline = time.monotonic() + _PUMP_JOIN
+        for entry in self._ranks:
+            for pump in entry.pumps:
+                pump.join(max(0.0, deadline - time.monotonic()))
+
+    def _summarize(self, failed: _Rank | None, stopped_by: int | None, timed_out: bool) -> int:
+        if failed is not None and failed.returncode is not None:
+            why = describe_exit(failed.returncode)
+            self._say(f"collsvc run: rank {failed.rank} on host {self.host} failed: {why}")
+            code = failed.returncode
+            return code if code > 0 else 128 - code
+        if stopped_by is not None:
+            name = signal.Signals(stopped_by).name
+            count = len(self._ranks)
+            self._say(f"collsvc run: interrupted by {name}; stopped {count} rank(s) on host {self.host}")
+            return 128 + stopped_by
+        if timed_out:
+            self._say(
+                f"collsvc run: the job ran longer than --timeout {self.spec.timeout:g} s; "
+                f"stopped {len(self._ranks)} rank(s) on host {self.host}"
+            )
+            return EXIT_TIMEOUT
+        return 0
+
+
+def launch(spec: LaunchSpec) -> int:
+    """Runs ``spec`` to completion, with an embedded coordinator unless ``spec.coordinator`` is set.
+
+    Args:
+        spec: what to start.
+
+    Returns:
+        The exit status of ``collsvc run`` (see :meth:`Launcher.run`).
+    """
+    launcher = Launcher(spec)
+    if spec.coordinator is not None:
+        return launcher.run(spec.coordinator, spec.token)
+    token = secrets.token_urlsafe(32)
+    try:
+        from collsvc.server.app import CoordinatorThread
+        from collsvc.types import CoordinatorOptions
+
+        server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=token))
+        port = server.start()
+    except Exception as exc:  # any failure to start is reported in one line, not a traceback
+        launcher._say(f"collsvc run: cannot start the embedded coordinator: {type(exc).__name__}: {exc}")
+        return 1
+    try:
+        return launcher.run(f"127.0.0.1:{port}", token)
+    finally:
+        server.stop()

@@ -1,0 +1,284 @@
+"""Building, serving and embedding the coordinator daemon.
+
+``build_server`` and ``serve`` are separate steps so that tests bind port 0 and read the port back;
+:class:`CoordinatorThread` runs a coordinator on its own event loop for ``collsvc run`` and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from collsvc.server.interceptors import TokenAuthInterceptor
+from collsvc.server.services.coordinator import CoordinatorServicer, add_coordinator
+from collsvc.server.services.hub import Hub
+from collsvc.types import CoordinatorOptions
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "collsvc.proto.v1.Coordinator"
+DRAIN_GRACE_S = 2.0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_security(options: CoordinatorOptions) -> None:
+    """Refuses an unauthenticated coordinator on a non-loopback address.
+
+    Raises:
+        ValueError: ``options.host`` is not loopback and neither a token, TLS nor ``insecure`` is set.
+    """
+    if is_loopback(options.host) or options.token or options.tls is not None or options.insecure:
+        return
+    raise ValueError(
+        f"refusing to serve the coordinator on {options.host} without authentication: anyone who can "
+        "reach it could join or abort jobs. Pass --token-file FILE (a shared secret), or "
+        "--tls-cert/--tls-key/--tls-ca (mutual TLS), or --insecure to accept unauthenticated access."
+    )
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _bind_error(host: str, port: int) -> OSError:
+    """The reason a bind failed, found by trying it with a plain socket (gRPC only says 'failed')."""
+    why, code = "address unavailable", errno.EADDRNOTAVAIL
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host.strip("[]"), port))
+    except OSError as exc:
+        why, code = exc.strerror or str(exc), exc.errno or code
+    if code == errno.EADDRINUSE:
+        why = "address already in use (is another coordinator running on this port?)"
+    return OSError(code, f"cannot bind coordinator to {_address(host, port)}: {why}")
+
+
+def _server_credentials(options: CoordinatorOptions) -> grpc.ServerCredentials | None:
+    tls = options.tls
+    if tls is None:
+        return None
+    key, cert, ca = (Path(p).read_bytes() for p in (tls.key, tls.cert, tls.ca))
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+async def build_server(options: CoordinatorOptions) -> tuple[grpc.aio.Server, int]:
+    """Builds a coordinator server and binds it (not started yet).
+
+    Args:
+        options: where and how to serve; port 0 picks a free port.
+
+    Returns:
+        ``(server, port)``: the server, and the port it is bound to.
+
+    Raises:
+        ValueError: a non-loopback host without token, TLS or ``insecure`` (see :func:`check_security`).
+        OSError: the address cannot be bound (in use, or not an address of this machine).
+    """
+    check_security(options)
+    hub = Hub(options)
+    limits = options.limits
+    max_message = max(limits.max_message_bytes, limits.max_value_bytes + limits.max_key_bytes + 65536)
+    server = grpc.aio.server(
+        interceptors=[TokenAuthInterceptor(options.token)] if options.token else None,
+        options=[
+            ("grpc.so_reuseport", 0),  # a second coordinator on a used port must fail, not share it
+            ("grpc.max_receive_message_length", max_message),
+            ("grpc.max_send_message_length", max_message),
+            ("grpc.max_concurrent_streams", 1 << 20),
+        ],
+    )
+    add_coordinator(server, CoordinatorServicer(hub))
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # the asyncio servicer
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+
+    address = _address(options.host, options.port)
+    credentials = _server_credentials(options)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as exc:
+        raise _bind_error(options.host, options.port) from exc
+    if port == 0:
+        raise _bind_error(options.host, options.port)
+    asyncio.get_running_loop().create_task(_monitor(server, hub), name="collsvc-heartbeat-monitor")
+    log.info(
+        "coordinator bound to %s (token %s, tls %s)",
+        _address(options.host, port),
+        "on" if options.token else "off",
+        "on" if credentials else "off",
+    )
+    return server, port
+
+
+async def _monitor(server: grpc.aio.Server, hub: Hub) -> None:
+    """Checks heartbeats every half interval for exactly as long as the server runs."""
+    period = max(hub.options.heartbeat_interval / 2, 0.01)
+    # wait_for_termination returns True when the *timeout* passed and False once the server stopped.
+    while await server.wait_for_termination(timeout=period):
+        try:
+            hub.check_heartbeats()
+        except Exception:  # a bug here must not stop liveness checks for every job
+            log.exception("heartbeat monitor failed")
+
+
+async def serve(
+    options: CoordinatorOptions,
+    *,
+    ready: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Runs a coordinator until ``stop`` is set or SIGTERM/SIGINT arrives, then drains.
+
+    Args:
+        options: where and how to serve.
+        ready: called with the bound port once the server listens.
+        stop: set it to shut down (signals are only handled when running in the main thread).
+
+    Raises:
+        ValueError, OSError: as :func:`build_server`.
+    """
+    server, port = await build_server(options)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                handled.append(sig)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover - platforms without it
+                pass
+    await server.start()
+    log.info("coordinator listening on %s", _address(options.host, port))
+    try:
+        if ready is not None:
+            ready(port)
+        await stop.wait()
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        log.info("coordinator on port %d stopping (grace %.1fs)", port, DRAIN_GRACE_S)
+        await server.stop(grace=DRAIN_GRACE_S)
+
+
+class CoordinatorThread:
+    """A coordinator on a background thread with its own event loop.
+
+    Example::
+
+        coordinator = CoordinatorThread(CoordinatorOptions(port=0))
+        port = coordinator.start()
+        ...
+        coordinator.stop()
+    """
+
+    def __init__(self, options: CoordinatorOptions) -> None:
+        self.options = options
+        self.port: int | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to dial (valid after :meth:`start`)."""
+        return _address(self.options.host, self.port or 0)
+
+    def start(self, timeout: float = 30.0) -> int:
+        """Starts serving; returns the bound port once the coordinator listens.
+
+        Raises:
+            ValueError, OSError: as :func:`build_server` (e.g. the port is in use).
+            RuntimeError: already started, or it did not come up within ``timeout`` seconds.
+        """
+        if self._thread is not None:
+            raise RuntimeError("coordinator thread already started")
+        self._thread = threading.Thread(target=self._run, name="collsvc-coordinator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"coordinator did not start within {timeout:g}s")
+        if self._error is not None:
+            self._thread.join(timeout)
+            raise self._error
+        assert self.port is not None
+        return self.port
+
+    def _on_ready(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            await serve(self.options, ready=self._on_ready, stop=self._stop)
+
+        try:
+            loop.run_until_complete(main())
+        except BaseException as exc:  # handed to start(); the thread ends either way
+            if not self._ready.is_set():
+                self._error = exc
+            else:
+                log.exception("coordinator thread failed")
+        finally:
+            self._ready.set()
+            try:
+                _cancel_remaining(loop)
+            finally:
+                loop.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops the coordinator (drains for up to ~2 s) and joins the thread."""
+        loop, stop, thread = self._loop, self._stop, self._thread
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
+                loop.call_soon_threadsafe(stop.set)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def __enter__(self) -> CoordinatorThread:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))

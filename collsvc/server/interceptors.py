@@ -1,0 +1,147 @@
+"""The two choke points every Coordinator call passes: the token check and the error translation.
+
+- :class:`TokenAuthInterceptor` compares ``authorization: Bearer <token>`` in constant time before the
+  request body is deserialized: a refused call is answered by a handler without a deserializer.
+- :func:`translate_errors` turns what the state classes raise into a gRPC status plus the
+  ``collsvc-error-reason`` / ``collsvc-error-details`` trailing metadata that
+  :func:`collsvc.errors.error_from_rpc` maps back to the same exception on the client.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar
+
+import grpc
+
+from collsvc.errors import (
+    DETAILS_METADATA_KEY,
+    REASON_METADATA_KEY,
+    CollsvcError,
+    Reason,
+    error_details,
+    reason_for,
+    status_for,
+)
+from collsvc.server.state.common import NotFoundError
+
+log = logging.getLogger(__name__)
+
+COORDINATOR_PREFIX = "/collsvc.proto.v1.Coordinator/"
+UNAUTHENTICATED_MESSAGE = (
+    "authentication failed: missing or wrong token (expected 'authorization: Bearer <token>')"
+)
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
+
+
+def describe_error(exc: BaseException) -> tuple[grpc.StatusCode, str, str]:
+    """``(status code, reason name, details JSON)`` for an exception raised while serving a call."""
+    if isinstance(exc, CollsvcError):
+        reason = reason_for(exc)
+        details = json.dumps(error_details(exc))
+    elif isinstance(exc, NotFoundError):
+        reason, details = Reason.ERROR_REASON_NOT_FOUND, "{}"
+    elif isinstance(exc, (ValueError, TypeError)):
+        reason, details = Reason.ERROR_REASON_INVALID_ARGUMENT, "{}"
+    else:
+        return grpc.StatusCode.INTERNAL, "ERROR_REASON_UNSPECIFIED", "{}"
+    return status_for(reason), Reason.Name(reason), details
+
+
+async def abort_with(context: Context, exc: BaseException) -> NoReturn:
+    """Ends the call with the status, reason and details that stand for ``exc``."""
+    code, reason, details = describe_error(exc)
+    context.set_trailing_metadata(((REASON_METADATA_KEY, reason), (DETAILS_METADATA_KEY, details)))
+    message = str(exc) if code != grpc.StatusCode.INTERNAL else f"internal coordinator error: {exc!r}"
+    await context.abort(code, message)
+
+
+def translate_errors(method: _Method) -> _Method:
+    """Decorates a servicer coroutine ``(self, request, context)`` so that errors become statuses.
+
+    CollsvcError subclasses keep their reason; NotFoundError becomes NOT_FOUND and ValueError or
+    TypeError INVALID_ARGUMENT; anything else is logged and answered with INTERNAL.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Context) -> Any:
+        try:
+            return await method(self, request, context)
+        except (CollsvcError, NotFoundError, ValueError, TypeError) as exc:
+            log.debug("%s failed: %s", method.__name__, exc)
+            await abort_with(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("%s: unexpected error", method.__name__)
+            await abort_with(context, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+async def _deny(context: Context) -> NoReturn:
+    context.set_trailing_metadata(
+        ((REASON_METADATA_KEY, Reason.Name(Reason.ERROR_REASON_AUTHENTICATION)), (DETAILS_METADATA_KEY, "{}"))
+    )
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+
+async def _deny_unary(request: Any, context: Context) -> NoReturn:
+    await _deny(context)
+
+
+def _deny_handler(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+    # No request_deserializer: the refused body stays raw bytes and is never parsed.
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(_deny_unary)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(_deny_unary)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(_deny_unary)
+    return grpc.unary_unary_rpc_method_handler(_deny_unary)
+
+
+if TYPE_CHECKING:
+    _InterceptorBase = grpc.aio.ServerInterceptor[Any, Any]
+else:  # the runtime class is not generic
+    _InterceptorBase = grpc.aio.ServerInterceptor
+
+
+class TokenAuthInterceptor(_InterceptorBase):
+    """Requires ``authorization: Bearer <token>`` on every Coordinator call.
+
+    Other services (the standard health service) pass unchecked, so load balancers and
+    ``collsvc health`` can probe without the secret.
+    """
+
+    def __init__(self, token: str, *, protected_prefix: str = COORDINATOR_PREFIX) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._prefix = protected_prefix
+
+    def _authorized(self, metadata: Any) -> bool:
+        presented = b""
+        for key, value in metadata or ():
+            if key == "authorization":
+                presented = value.encode() if isinstance(value, str) else bytes(value)
+                break
+        # Compare even when nothing was presented, so timing says nothing about the token.
+        return hmac.compare_digest(presented, self._expected) and bool(presented)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(self._prefix):
+            return handler
+        if self._authorized(handler_call_details.invocation_metadata):
+            return handler
+        log.warning("refused %s: missing or wrong token", handler_call_details.method)
+        return _deny_handler(handler)

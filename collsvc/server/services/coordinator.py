@@ -1,0 +1,250 @@
+"""The Coordinator servicer: translates messages into calls on the state and waits on the hub.
+
+Every method is wrapped by :func:`collsvc.server.interceptors.translate_errors`, the one place where
+exceptions become gRPC statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import grpc
+
+from collsvc.errors import RendezvousError
+from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
+from collsvc.server.interceptors import Context, translate_errors
+from collsvc.server.services.convert import device_from_proto, job_status, waiting_protos
+from collsvc.server.services.hub import Hub
+from collsvc.server.services.watch import watch
+from collsvc.server.state.common import NotFoundError
+
+log = logging.getLogger(__name__)
+pb = coordinator_pb2
+Events = coordinator_pb2.EventKind
+
+# Used when a request carries no timeout; the call's own deadline still applies.
+DEFAULT_WAIT_S = 300.0
+
+
+def _wait_seconds(timeout_s: float, context: Context) -> float:
+    """How long a server-side wait may last: the request's timeout, capped by the call deadline."""
+    wait = timeout_s if timeout_s > 0 else DEFAULT_WAIT_S
+    remaining = context.time_remaining()
+    if remaining is not None:
+        wait = min(wait, max(remaining, 0.0))
+    return wait
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> bool:
+    """Waits for ``event`` up to ``seconds``; returns whether it was set."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except asyncio.TimeoutError:
+        return event.is_set()
+    return True
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ignore[misc]
+    """Serves one :class:`Hub`."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    # ------------------------------------------------------------------------------ rendezvous
+
+    @translate_errors
+    async def Join(self, request: Any, context: Context) -> Any:
+        rt = self.hub.find_or_create(request.job_id)
+        job = rt.job
+        member = job.join(
+            world_size=request.world_size,
+            requested_rank=request.requested_rank if request.HasField("requested_rank") else None,
+            host=request.host,
+            peer_address=request.peer_address,
+            device=device_from_proto(request.device),
+            pid=request.pid,
+            local_rank_hint=request.local_rank_hint if request.HasField("local_rank_hint") else None,
+        )
+        if job.complete and not rt.joined.is_set():
+            rt.on_complete()
+        completed = False
+        try:
+            completed = await _wait(rt.joined, _wait_seconds(request.timeout_s, context))
+        finally:
+            if not completed and job.cancel_join(member):  # timed out or the caller went away
+                self.hub.drop_if_finished(rt)
+        if not completed:
+            raise RendezvousError(
+                f"job {job.job_id!r}: only {job.joined} of {request.world_size} members joined "
+                f"within {request.timeout_s:g}s"
+            )
+        return rt.join_replies[member.rank]
+
+    @translate_errors
+    async def GetMembers(self, request: Any, context: Context) -> bytes:
+        rt = self.hub.find(request.job_id)
+        if not rt.job.complete:
+            raise NotFoundError(f"job {request.job_id!r} has not completed its rendezvous yet")
+        return rt.members_bytes()  # serialized once per change of any member's state
+
+    @translate_errors
+    async def Barrier(self, request: Any, context: Context) -> Any:
+        rt = self.hub.find(request.job_id)
+        job, group, generation = rt.job, request.group or "world", request.generation
+        key = (group, generation)
+        if job.barrier_arrive(group, generation, request.rank):
+            rt.complete_barrier(key)
+            return pb.BarrierResponse(complete=True)
+        deadline = asyncio.get_running_loop().time() + _wait_seconds(request.timeout_s, context)
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            woken = await _wait(rt.barrier_event(key), remaining)
+            job.check_healthy(group)  # woken by a failure, leave or abort: raise it
+            if job.barriers.is_complete(group, generation):
+                return pb.BarrierResponse(complete=True)
+            if not woken or remaining <= 0:
+                waiting = job.barrier_waiting_on(group, generation)
+                log.warning(
+                    "job %s group %s rank %d: barrier #%d timed out waiting on ranks %s",
+                    job.job_id, group, request.rank, generation, [w.rank for w in waiting],
+                )  # fmt: skip
+                return pb.BarrierResponse(complete=False, waiting_on=waiting_protos(waiting))
+
+    # -------------------------------------------------------------------------------- key/value
+
+    @translate_errors
+    async def SetKey(self, request: Any, context: Context) -> Any:
+        rt = self.hub.find_or_create(request.job_id)
+        rt.job.kv.set(request.key, request.value)
+        rt.notify_key(request.key)
+        return pb.SetKeyResponse()
+
+    @translate_errors
+    async def GetKey(self, request: Any, context: Context) -> Any:
+        rt = self.hub.find_or_create(request.job_id)
+        value = rt.job.kv.get(request.key)
+        if value is None and request.wait:
+            deadline = asyncio.get_running_loop().time() + _wait_seconds(request.timeout_s, context)
+            while value is None:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0 or not await _wait(rt.key_event(request.key), remaining):
+                    break
+                value = rt.job.kv.get(request.key)
+        if value is None:
+            return pb.GetKeyResponse(found=False)
+        return pb.GetKeyResponse(found=True, value=value)
+
+    @translate_errors
+    async def AddKey(self, request: Any, context: Context) -> Any:
+        rt = self.hub.find_or_create(request.job_id)
+        value = rt.job.kv.add(request.key, request.amount)
+        rt.notify_key(request.key)
+        return pb.AddKeyResponse(value=value)
+
+    @translate_errors
+    async def CompareSetKey(self, request: Any, context: Context) -> Any:
+        rt = self.hub.find_or_create(request.job_id)
+        swapped, value = rt.job.kv.compare_set(
+            request.key,
+            expect_absent=request.expect_absent,
+            expected=request.expected,
+            desired=request.desired,
+        )
+        if swapped:
+            rt.notify_key(request.key)
+        return pb.CompareSetKeyResponse(swapped=swapped, value=value)
+
+    @translate_errors
+    async def DeleteKey(self, request: Any, context: Context) -> Any:
+        rt = self.hub.find_or_create(request.job_id)
+        return pb.DeleteKeyResponse(deleted=rt.job.kv.delete(request.key))
+
+    # ------------------------------------------------------------------------ liveness, failures
+
+    @translate_errors
+    async def Watch(self, request_iterator: Any, context: Context) -> None:
+        await watch(self.hub, context)
+
+    @translate_errors
+    async def ReportFailure(self, request: Any, context: Context) -> Any:
+        rt, member = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
+        kind = request.kind
+        if kind == Events.EVENT_KIND_JOB_ABORTED:
+            self.hub.abort(rt, member, request.reason)
+        elif kind == Events.EVENT_KIND_COLLECTIVE_MISMATCH:
+            try:
+                details = json.loads(request.details_json or "{}")
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"details_json is not valid JSON: {exc}") from None
+            if not isinstance(details, dict):
+                raise ValueError("details_json must be a JSON object mapping ranks to signatures")
+            self.hub.mismatch(rt, member, request.reason, details)
+        elif kind == Events.EVENT_KIND_MEMBER_FAILED:
+            self.hub.fail(rt, [member.rank], request.reason or "reported a local error")
+        else:
+            raise ValueError(
+                f"cannot report event kind {Events.Name(kind) if kind in Events.values() else kind}"
+            )
+        return pb.ReportFailureResponse()
+
+    @translate_errors
+    async def Leave(self, request: Any, context: Context) -> Any:
+        rt, member = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
+        self.hub.leave(rt, member)
+        return pb.LeaveResponse()
+
+    # --------------------------------------------------------------------- progress and groups
+
+    @translate_errors
+    async def GetProgress(self, request: Any, context: Context) -> Any:
+        job = self.hub.find(request.job_id).job
+        return pb.GetProgressResponse(
+            not_started=waiting_protos(job.not_started(request.group or "world", request.seq))
+        )
+
+    @translate_errors
+    async def NewGroup(self, request: Any, context: Context) -> Any:
+        self.hub.find(request.job_id).job.new_group(request.name, list(request.ranks))
+        return pb.NewGroupResponse()
+
+    @translate_errors
+    async def FindGroup(self, request: Any, context: Context) -> Any:
+        ranks = self.hub.find(request.job_id).job.find_group(request.name)
+        return pb.FindGroupResponse(found=ranks is not None, ranks=ranks or ())
+
+    @translate_errors
+    async def GetStatus(self, request: Any, context: Context) -> Any:
+        jobs = [self.hub.find(request.job_id).job] if request.job_id else self.hub.registry.jobs()
+        return pb.GetStatusResponse(jobs=[job_status(job) for job in jobs])
+
+
+def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> None:
+    """Registers ``servicer``, with GetMembers answering pre-serialized bytes (built once per job)."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in pb.DESCRIPTOR.services_by_name["Coordinator"].methods:
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        behavior = getattr(servicer, method.name)
+        serialize = response_cls.SerializeToString
+        if method.name == "GetMembers":
+            serialize = _bytes_or_message
+        if method.client_streaming and method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                behavior, request_deserializer=request_cls.FromString, response_serializer=serialize
+            )
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                behavior, request_deserializer=request_cls.FromString, response_serializer=serialize
+            )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("collsvc.proto.v1.Coordinator", handlers),)
+    )
+
+
+def _bytes_or_message(reply: Any) -> bytes:
+    return reply if isinstance(reply, bytes) else reply.SerializeToString()

@@ -1,0 +1,232 @@
+"""The coordinator's live side: per-job asyncio primitives, event fan-out and the heartbeat monitor.
+
+The state classes decide; the hub wakes whoever waits on a decision (one ``asyncio.Event`` per join,
+barrier or key, set once) and pushes job events to every member's Watch stream. Everything here runs
+on the server's event loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from collsvc.errors import AuthenticationError
+from collsvc.proto.v1 import coordinator_pb2
+from collsvc.server.services.convert import join_reply, members_reply_bytes
+from collsvc.server.state.barriers import BarrierKey
+from collsvc.server.state.common import Clock, Member
+from collsvc.server.state.jobs import BAD_CREDENTIALS, Job
+from collsvc.server.state.registry import Registry
+from collsvc.types import CoordinatorOptions
+
+log = logging.getLogger(__name__)
+Events = coordinator_pb2.EventKind
+
+
+@dataclass(eq=False)
+class Stream:
+    """One open Watch stream: events for it queue here; ``None`` ends it."""
+
+    rank: int
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+
+class JobRuntime:
+    """What waits on one job: its join, barriers and keys, and its members' Watch streams."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.joined = asyncio.Event()
+        self.join_replies: list[Any] = []  # by rank, built once when the job completes
+        self.barrier_events: dict[BarrierKey, asyncio.Event] = {}
+        self.key_events: dict[str, asyncio.Event] = {}
+        self.streams: dict[int, Stream] = {}
+        self._members_cache: tuple[int, bytes] | None = None
+
+    def members_bytes(self) -> bytes:
+        """The serialized member table, rebuilt only when a member's state changed."""
+        cache = self._members_cache
+        if cache is None or cache[0] != self.job.version:
+            cache = self._members_cache = (self.job.version, members_reply_bytes(self.job))
+        return cache[1]
+
+    def barrier_event(self, key: BarrierKey) -> asyncio.Event:
+        event = self.barrier_events.get(key)
+        if event is None:
+            event = self.barrier_events[key] = asyncio.Event()
+        return event
+
+    def complete_barrier(self, key: BarrierKey) -> None:
+        event = self.barrier_events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def wake_barriers(self) -> None:
+        """Wakes every barrier waiter so that it re-checks the job (after a failure, leave or abort)."""
+        events, self.barrier_events = self.barrier_events, {}
+        for event in events.values():
+            event.set()
+
+    def key_event(self, key: str) -> asyncio.Event:
+        event = self.key_events.get(key)
+        if event is None:
+            event = self.key_events[key] = asyncio.Event()
+        return event
+
+    def notify_key(self, key: str) -> None:
+        event = self.key_events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def on_complete(self) -> None:
+        """Builds every member's join reply once and wakes all joiners with one event."""
+        self.join_replies = [join_reply(self.job, m) for m in self.job.members]
+        self.joined.set()
+
+    def send(self, event: Any, *, exclude: Collection[int] = ()) -> None:
+        for rank, stream in self.streams.items():
+            if rank not in exclude:
+                stream.queue.put_nowait(event)
+
+
+def _event(
+    kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: str, details_json: str = ""
+) -> Any:
+    members = list(members)
+    return coordinator_pb2.WatchEvent(
+        kind=kind,
+        ranks=[m.rank for m in members],
+        hosts=[m.host for m in members],
+        reason=reason,
+        details_json=details_json,
+    )
+
+
+class Hub:
+    """All jobs and their runtimes, plus the failure paths that must reach every member."""
+
+    def __init__(self, options: CoordinatorOptions, *, clock: Clock = time.monotonic) -> None:
+        self.options = options
+        self.registry = Registry(clock=clock, limits=options.limits)
+        self._runtimes: dict[str, JobRuntime] = {}
+
+    def runtime(self, job: Job) -> JobRuntime:
+        rt = self._runtimes.get(job.job_id)
+        if rt is None or rt.job is not job:
+            rt = self._runtimes[job.job_id] = JobRuntime(job)
+        return rt
+
+    def find(self, job_id: str) -> JobRuntime:
+        """The runtime of an existing job. Raises NotFoundError."""
+        return self.runtime(self.registry.get(job_id))
+
+    def find_or_create(self, job_id: str) -> JobRuntime:
+        return self.runtime(self.registry.get_or_create(job_id))
+
+    def authenticate(self, job_id: str, rank: int, secret: str) -> tuple[JobRuntime, Member]:
+        """The runtime and member for member credentials; one error for every kind of mismatch."""
+        job = self.registry.find(job_id)
+        if job is None:
+            raise AuthenticationError(BAD_CREDENTIALS)
+        return self.runtime(job), job.authenticate(rank, secret)
+
+    def drop_if_finished(self, rt: JobRuntime) -> None:
+        if self.registry.drop_if_finished(rt.job) and self._runtimes.get(rt.job.job_id) is rt:
+            del self._runtimes[rt.job.job_id]
+            # Anyone still waiting on a key of the dropped job times out by itself; barrier waiters
+            # were woken by the leave or failure that finished the job.
+
+    # --------------------------------------------------------------------------- failure paths
+
+    def fail(self, rt: JobRuntime, ranks: Iterable[int], reason: str) -> None:
+        """Marks members failed and tells every other member; pending barriers fail."""
+        failed = rt.job.fail(ranks, reason)
+        if not failed:
+            return
+        event = _event(Events.EVENT_KIND_MEMBER_FAILED, failed, reason)
+        rt.send(event, exclude={m.rank for m in failed})
+        rt.wake_barriers()
+        self.drop_if_finished(rt)
+
+    def leave(self, rt: JobRuntime, member: Member) -> None:
+        if not rt.job.leave(member):
+            return
+        # The member's own stream stays open: the client ends it after Leave returns.
+        rt.send(_event(Events.EVENT_KIND_MEMBER_LEFT, [member], "left the job"), exclude=(member.rank,))
+        rt.wake_barriers()
+        self.drop_if_finished(rt)
+
+    def abort(self, rt: JobRuntime, member: Member, reason: str) -> None:
+        if not rt.job.abort(reason, member.rank):
+            return
+        rt.send(_event(Events.EVENT_KIND_JOB_ABORTED, [member], rt.job.abort_reason or reason))
+        rt.wake_barriers()
+
+    def mismatch(self, rt: JobRuntime, member: Member, reason: str, details: dict[str, Any]) -> None:
+        merged = rt.job.merge_mismatch(details, reason)
+        ranks = sorted(int(k) for k in merged if str(k).lstrip("-").isdigit())
+        culprits = [rt.job.members[r] for r in ranks if 0 <= r < len(rt.job.members)]
+        log.warning("job %s rank %d: collective mismatch: %s", rt.job.job_id, member.rank, reason)
+        rt.send(_event(Events.EVENT_KIND_COLLECTIVE_MISMATCH, culprits, reason, json.dumps(merged)))
+        rt.wake_barriers()
+
+    # -------------------------------------------------------------------------------- streams
+
+    def open_stream(self, rt: JobRuntime, member: Member) -> Stream:
+        """Registers a Watch stream for ``member`` (replacing an older one) and replays past events."""
+        old = rt.streams.get(member.rank)
+        if old is not None:
+            old.queue.put_nowait(None)
+        stream = rt.streams[member.rank] = Stream(member.rank)
+        job = rt.job
+        stream.queue.put_nowait(_event(Events.EVENT_KIND_WATCHING, [member], ""))
+        # A failure that happened before this stream opened must still reach this member.
+        if job.abort_reason is not None:
+            aborter = [job.members[job.abort_rank]] if 0 <= job.abort_rank < len(job.members) else []
+            stream.queue.put_nowait(_event(Events.EVENT_KIND_JOB_ABORTED, aborter, job.abort_reason))
+        if job.failed_ranks:
+            failed = [job.members[r] for r in job.failed_ranks]
+            stream.queue.put_nowait(_event(Events.EVENT_KIND_MEMBER_FAILED, failed, job.failure_reason))
+        left = [job.members[r] for r in job.left_ranks if r != member.rank]
+        if left:
+            stream.queue.put_nowait(_event(Events.EVENT_KIND_MEMBER_LEFT, left, "left the job"))
+        if job.mismatch:
+            stream.queue.put_nowait(
+                _event(
+                    Events.EVENT_KIND_COLLECTIVE_MISMATCH, [], job.mismatch_reason, json.dumps(job.mismatch)
+                )
+            )
+        return stream
+
+    def close_stream(self, rt: JobRuntime, member: Member, stream: Stream) -> None:
+        """A Watch stream ended; if it was the member's current one and it had not left, it failed."""
+        if rt.streams.get(member.rank) is not stream:
+            return  # replaced by a newer stream, or the member left
+        del rt.streams[member.rank]
+        if not member.gone:
+            self.fail(rt, [member.rank], "its heartbeat stream closed without leaving the job")
+
+    # -------------------------------------------------------------------------------- monitor
+
+    def check_heartbeats(self) -> None:
+        """Fails every member silent for longer than the heartbeat timeout."""
+        timeout = self.options.heartbeat_timeout
+        for job in self.registry.jobs():
+            expired = job.expired(timeout)
+            if expired:
+                self.fail(self.runtime(job), [m.rank for m in expired], f"missed heartbeats for {timeout:g}s")
+
+    async def monitor(self) -> None:
+        """Runs :meth:`check_heartbeats` every half heartbeat interval until cancelled."""
+        period = max(self.options.heartbeat_interval / 2, 0.01)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.check_heartbeats()
+            except Exception:  # a bug here must not stop liveness checking for every job
+                log.exception("heartbeat monitor failed")

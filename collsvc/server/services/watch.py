@@ -1,0 +1,67 @@
+"""The Watch stream: heartbeats with progress in, job events out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from collsvc.server.interceptors import Context
+from collsvc.server.services.hub import Hub, Stream
+from collsvc.server.state.common import Member
+from collsvc.server.state.jobs import Job
+
+log = logging.getLogger(__name__)
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+
+
+def _progress(entries: Iterable[Any]) -> list[tuple[str, int, int, str]]:
+    return [(p.group, p.started_seq, p.finished_seq, p.last_op) for p in entries]
+
+
+async def _read_heartbeats(job: Job, member: Member, stream: Stream, context: Context) -> None:
+    """Records every heartbeat; when the client's side ends (or breaks), ends the stream."""
+    try:
+        while True:
+            request = await context.read()
+            if request is _EOF:
+                break
+            job.heartbeat(member, _progress(request.progress))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the call broke; the reason is not ours to report
+        log.debug("job %s rank %d: heartbeat stream read ended: %r", job.job_id, member.rank, exc)
+    stream.queue.put_nowait(None)
+
+
+async def watch(hub: Hub, context: Context) -> None:
+    """Serves one Watch call.
+
+    The first request names the member (job, rank, secret); the reply starts with
+    EVENT_KIND_WATCHING and any failure that happened before the stream opened. When the stream ends
+    while the member has neither left nor been replaced by a newer stream, the member has failed.
+
+    Raises:
+        AuthenticationError: unknown job or rank, or wrong secret.
+    """
+    first = await context.read()
+    if first is _EOF:
+        return
+    rt, member = hub.authenticate(first.job_id, first.rank, first.member_secret)
+    job = rt.job
+    job.heartbeat(member, _progress(first.progress))
+    stream = hub.open_stream(rt, member)
+    log.debug("job %s rank %d (%s): watching", job.job_id, member.rank, member.host)
+    reader = asyncio.ensure_future(_read_heartbeats(job, member, stream, context))
+    try:
+        while True:
+            event = await stream.queue.get()
+            if event is None:
+                break
+            await context.write(event)
+    finally:
+        reader.cancel()  # no await here: this may run while the call itself is being cancelled
+        hub.close_stream(rt, member, stream)

@@ -1,0 +1,90 @@
+"""All jobs on one coordinator: created on first use, dropped when nobody is left in them."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+
+from collsvc.errors import ResourceLimitError
+from collsvc.server.state.common import Clock, NotFoundError
+from collsvc.server.state.jobs import Job
+from collsvc.types import Limits
+
+log = logging.getLogger(__name__)
+
+
+def _random_incarnation() -> int:
+    return secrets.randbits(64)
+
+
+class Registry:
+    """Jobs by id.
+
+    A job is created by its first join or key/value request (NCCL ids may be published before
+    everybody joined) and dropped once every member left or failed, so the same job id can run again.
+
+    Args:
+        clock: monotonic seconds, handed to every job.
+        limits: sizes and counts; ``max_jobs`` bounds how many jobs exist at once.
+        incarnation: makes each job instance's random 64-bit incarnation number.
+    """
+
+    def __init__(
+        self, *, clock: Clock, limits: Limits, incarnation: Callable[[], int] = _random_incarnation
+    ) -> None:
+        self._clock = clock
+        self._limits = limits
+        self._incarnation = incarnation
+        self._jobs: dict[str, Job] = {}
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def find(self, job_id: str) -> Job | None:
+        """The job ``job_id``, or None."""
+        return self._jobs.get(job_id)
+
+    def get(self, job_id: str) -> Job:
+        """The job ``job_id``.
+
+        Raises:
+            NotFoundError: no such job on this coordinator.
+        """
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(f"no job {job_id!r} on this coordinator")
+        return job
+
+    def get_or_create(self, job_id: str) -> Job:
+        """The job ``job_id``, created if it does not exist.
+
+        Raises:
+            ValueError: empty job id.
+            ResourceLimitError: the coordinator already holds ``max_jobs`` jobs.
+        """
+        job = self._jobs.get(job_id)
+        if job is not None:
+            return job
+        if not job_id:
+            raise ValueError("job_id must not be empty")
+        if len(self._jobs) >= self._limits.max_jobs:
+            raise ResourceLimitError(
+                f"this coordinator already holds the maximum of {self._limits.max_jobs} jobs"
+            )
+        job = Job(job_id, clock=self._clock, limits=self._limits, incarnation=self._incarnation())
+        self._jobs[job_id] = job
+        log.debug("job %s: created (incarnation %x)", job_id, job.incarnation)
+        return job
+
+    def drop_if_finished(self, job: Job) -> bool:
+        """Forgets ``job`` when nobody is left in it; returns whether it was dropped."""
+        if not job.finished or self._jobs.get(job.job_id) is not job:
+            return False
+        del self._jobs[job.job_id]
+        log.info("job %s: finished (%s); state dropped", job.job_id, job.state)
+        return True
+
+    def jobs(self) -> list[Job]:
+        """Every job, in creation order."""
+        return list(self._jobs.values())

@@ -1,0 +1,160 @@
+"""Every collective of API.md, on real rank processes over real sockets, against numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collsvc
+from collsvc.types import ReduceOp
+from tests.harness import coordinator, run_ranks
+from tests.multiproc.checks import (
+    DTYPES,
+    allowed,
+    assert_close,
+    assert_identical_everywhere,
+    make,
+    np_dtype,
+    reference,
+)
+
+SHAPES = [(), (1,), (0,), (7, 3), (1000,)]
+
+
+def reductions_everywhere(comm: collsvc.Communicator) -> int:
+    """all_reduce, reduce and reduce_scatter for every dtype x op, plus the local rejections."""
+    n, checked = comm.size, 0
+    for dtype in DTYPES:
+        for op in ReduceOp:
+            x = make(comm.rank, dtype, (5, 3))
+            if not allowed(op, dtype):
+                with pytest.raises(TypeError):
+                    comm.all_reduce(x, op)
+                continue
+            expected = reference(op, [make(r, dtype, (5, 3)) for r in range(n)])
+            got = comm.all_reduce(x, op)
+            assert got.dtype == np_dtype(dtype)
+            assert_close(got, expected, dtype, f"all_reduce {dtype} {op.name}", n)
+            assert_identical_everywhere(comm, got, f"all_reduce {dtype} {op.name}")
+            root = checked % n
+            reduced = comm.reduce(x, root, op)
+            if comm.rank == root:
+                assert_close(reduced, expected, dtype, f"reduce {dtype} {op.name}", n)
+            else:
+                assert reduced is None
+            rows = make(comm.rank, dtype, (2 * n, 2))
+            block = comm.reduce_scatter(rows, op)
+            full = reference(op, [make(r, dtype, (2 * n, 2)) for r in range(n)])
+            assert_close(block, full[2 * comm.rank : 2 * comm.rank + 2], dtype, f"reduce_scatter {dtype} {op.name}", n)
+            checked += 1
+    return checked
+
+
+def shapes_and_layouts(comm: collsvc.Communicator) -> None:
+    n = comm.size
+    for shape in SHAPES:
+        x = make(comm.rank, "float64", shape)
+        expected = reference(ReduceOp.SUM, [make(r, "float64", shape) for r in range(n)])
+        assert_close(comm.all_reduce(x), expected, "float64", f"all_reduce shape {shape}", n)
+        gathered = comm.all_gather(x)
+        parts = [np.atleast_1d(make(r, "float64", shape)) for r in range(n)]
+        assert np.array_equal(gathered, np.concatenate(parts)), f"all_gather shape {shape}"
+    # Non-contiguous input, out=, and in place.
+    base = make(comm.rank, "float32", (6, 8))
+    view = base[:, ::2]
+    expected = reference(ReduceOp.SUM, [make(r, "float32", (6, 8))[:, ::2] for r in range(n)])
+    assert_close(comm.all_reduce(view), expected, "float32", "non-contiguous", n)
+    out = np.empty((6, 4), np.float32)
+    assert comm.all_reduce(view, out=out) is out
+    assert_close(out, expected, "float32", "out=", n)
+    inplace = np.ascontiguousarray(view)
+    assert comm.all_reduce(inplace, out=inplace) is inplace
+    assert_close(inplace, expected, "float32", "in place", n)
+    with pytest.raises(ValueError):
+        comm.all_reduce(view, out=np.empty((3,), np.float32))
+    with pytest.raises(TypeError):
+        comm.all_reduce([1, 2, 3])  # a list of ints is not an array
+
+
+def rooted_and_personalized(comm: collsvc.Communicator) -> None:
+    n, me = comm.size, comm.rank
+    for root in range(n):
+        x = make(me, "int32", (4, 2), seed=root)
+        got = comm.broadcast(x, root)
+        assert np.array_equal(got, make(root, "int32", (4, 2), seed=root))
+        gathered = comm.gather(x, root)
+        if me == root:
+            assert np.array_equal(gathered, np.concatenate([make(r, "int32", (4, 2), seed=root) for r in range(n)]))
+        else:
+            assert gathered is None
+        full = make(root, "float32", (3 * n, 2), seed=root)
+        block = comm.scatter(full if me == root else None, root, out=np.empty((3, 2), np.float32))
+        assert np.array_equal(block, full[3 * me : 3 * me + 3])
+    x = np.arange(2 * n, dtype=np.int64) + 100 * me
+    got = comm.all_to_all(x)
+    assert np.array_equal(got, np.array([100 * j + k for j in range(n) for k in (2 * me, 2 * me + 1)]))
+
+
+def point_to_point(comm: collsvc.Communicator) -> None:
+    n, me = comm.size, comm.rank
+    if n == 1:
+        with pytest.raises(ValueError):
+            comm.send(np.zeros(1), 0)
+        return
+    right, left = (me + 1) % n, (me - 1) % n
+    for tag in (0, 7):
+        comm.send(np.full(3, me * 10 + tag, np.int64), right, tag=tag)
+    got7 = comm.recv(left, tag=7, shape=(3,), dtype=np.int64)
+    got0 = comm.recv(left, tag=0, out=np.empty(3, np.int64))
+    assert list(got0) == [left * 10] * 3 and list(got7) == [left * 10 + 7] * 3
+
+
+def async_fused_objects_groups(comm: collsvc.Communicator) -> None:
+    n, me = comm.size, comm.rank
+    works = [comm.all_reduce(np.full(4, me + i, np.float64), async_op=True) for i in range(3)]
+    for i, work in enumerate(works):
+        assert work.wait(timeout=30)
+        assert work.is_completed()
+        assert np.allclose(work.result(), sum(r + i for r in range(n)))
+    arrays = [np.full(3, me, np.float32), np.full((2, 2), 2 * me, np.float32)]
+    fused = comm.all_reduce(arrays)
+    assert np.allclose(fused[0], sum(range(n))) and np.allclose(fused[1], 2 * sum(range(n)))
+    listed = comm.all_gather([np.array([me], np.int32), np.array([me, me], np.int32)])
+    assert list(listed[0]) == list(range(n)) and listed[1].shape == (2 * n,)
+    assert comm.broadcast_object({"from": me, "data": [1, 2]}, src=n - 1) == {"from": n - 1, "data": [1, 2]}
+    assert comm.all_gather_object(("rank", me)) == [("rank", r) for r in range(n)]
+    evens = comm.new_group([r for r in range(n) if r % 2 == 0], name="evens")
+    if me % 2 == 0:
+        assert evens is not None and evens.size == (n + 1) // 2
+        total = evens.all_reduce(np.array([me], np.int64))
+        assert total[0] == sum(r for r in range(n) if r % 2 == 0)
+        evens.barrier()
+    else:
+        assert evens is None
+    assert comm.find_group("evens") == [r for r in range(n) if r % 2 == 0]
+    assert comm.find_group("no-such-group") == []
+    grads = [np.full(10, float(me + i), np.float32) for i in range(5)]
+    callback = comm.all_reduce_callback(grads, pack_size=80, op=collsvc.AVG)
+    for g in reversed(grads) if me % 2 else grads:  # readiness order differs between ranks
+        callback(g)
+    callback.wait()
+    for i, g in enumerate(grads):
+        assert np.allclose(g, np.mean([r + i for r in range(n)]))
+    comm.barrier()
+
+
+def everything(comm: collsvc.Communicator) -> dict[str, int]:
+    checked = reductions_everywhere(comm)
+    shapes_and_layouts(comm)
+    rooted_and_personalized(comm)
+    point_to_point(comm)
+    async_fused_objects_groups(comm)
+    return {"rank": comm.rank, "size": comm.size, "reductions": checked}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_every_collective_matches_numpy(world_size: int) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(everything, world_size, address=address, timeout=240)
+    assert [v["rank"] for v in result.values] == list(range(world_size))
+    assert all(v["reductions"] > 50 for v in result.values)

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collsvc import errors
+from collsvc.arrays import adapt, check_out_shape, from_host, write_into
+from collsvc.config import resolve_init
+from collsvc.types import BFLOAT16, ReduceOp, check_op_dtype
+
+
+def resolve(env: dict[str, str], **kw: object) -> object:
+    args = {"coordinator": None, "world_size": None, "rank": None, "backend": "auto", "timeout": 10.0,
+            "token": None, "job_id": None}
+    args.update(kw)
+    return resolve_init(env=env, **args)  # type: ignore[arg-type]
+
+
+def test_ours_win_over_torchrun_and_mpi() -> None:
+    env = {"COLLSVC_COORDINATOR": "a:1", "MASTER_ADDR": "b", "MASTER_PORT": "2", "COLLSVC_WORLD_SIZE": "4",
+           "WORLD_SIZE": "8", "RANK": "3", "OMPI_COMM_WORLD_RANK": "1", "LOCAL_RANK": "1", "COLLSVC_TOKEN": "t"}
+    o = resolve(env)
+    assert (o.coordinator, o.world_size, o.rank, o.local_rank_hint, o.token) == ("a:1", 4, 3, 1, "t")
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"MASTER_ADDR": "m", "MASTER_PORT": "5", "WORLD_SIZE": "2", "RANK": "1"}, ("m:5", 2, 1)),
+        ({"COLLSVC_COORDINATOR": "c:1", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"}, ("c:1", 3, 2)),
+        ({"COLLSVC_COORDINATOR": "c:1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}, ("c:1", 2, 0)),
+        ({"COLLSVC_COORDINATOR": "c:1", "PMI_SIZE": "2", "PMI_RANK": "1"}, ("c:1", 2, 1)),
+        ({"COLLSVC_COORDINATOR": "c:1", "COLLSVC_WORLD_SIZE": "4", "JOB_COMPLETION_INDEX": "3"}, ("c:1", 4, 3)),
+        ({"COLLSVC_COORDINATOR": "c:1", "COLLSVC_WORLD_SIZE": "4"}, ("c:1", 4, None)),
+    ],
+)
+def test_launcher_families(env: dict[str, str], expected: tuple[object, ...]) -> None:
+    o = resolve(env)
+    assert (o.coordinator, o.world_size, o.rank) == expected
+
+
+def test_missing_coordinator_names_the_variables() -> None:
+    with pytest.raises(ValueError, match="COLLSVC_COORDINATOR"):
+        resolve({"WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="COLLSVC_WORLD_SIZE"):
+        resolve({"COLLSVC_COORDINATOR": "x:1"})
+    with pytest.raises(ValueError, match="outside"):
+        resolve({"COLLSVC_COORDINATOR": "x:1", "WORLD_SIZE": "2", "RANK": "2"})
+    with pytest.raises(ValueError, match="not an integer"):
+        resolve({"COLLSVC_COORDINATOR": "x:1", "WORLD_SIZE": "two"})
+
+
+def test_op_dtype_rules() -> None:
+    check_op_dtype(ReduceOp.BXOR, np.dtype(bool))
+    for op, dtype in [(ReduceOp.BAND, "float32"), (ReduceOp.MIN, "complex64"), (ReduceOp.AVG, "int32"),
+                      (ReduceOp.AVG, "bool"), (ReduceOp.SUM, "U3"), ("sum", "float32")]:
+        with pytest.raises(TypeError):
+            check_op_dtype(op, np.dtype(dtype))  # type: ignore[arg-type]
+
+
+def test_error_round_trip_keeps_structure() -> None:
+    for error in [
+        errors.RankFailedError("x", [1, 2], ["a", "b"]),
+        errors.CollectiveTimeoutError("x", [{"rank": 3, "host": "h"}]),
+        errors.CollectiveMismatchError("x", {0: {"op": "a"}, 1: {"op": "b"}}),
+        errors.AbortedError("x", "why"),
+        errors.AuthenticationError("x"),
+        errors.RendezvousError("x"),
+    ]:
+        rebuilt = errors.build_error(errors.reason_for(error), "x", errors.error_details(error))
+        assert type(rebuilt) is type(error)
+        assert errors.error_details(rebuilt) == errors.error_details(error)
+
+
+def test_numpy_and_bfloat16_adaptation() -> None:
+    a = adapt(np.ones((2, 3), np.float32))
+    assert (a.dtype, a.kind, a.on_gpu, a.shape) == ("float32", "numpy", False, (2, 3))
+    b = adapt(np.ones(3, BFLOAT16))
+    assert b.dtype == "bfloat16"
+    with pytest.raises(TypeError):
+        adapt([1, 2])
+    with pytest.raises(TypeError):
+        adapt(np.array(["a"]))
+    with pytest.raises(ValueError):
+        check_out_shape(np.empty(3, np.float32), (2,), "float32")
+    with pytest.raises(TypeError):
+        check_out_shape(np.empty(2, np.float64), (2,), "float32")
+
+
+def test_torch_tensors_round_trip_zero_copy() -> None:
+    torch = pytest.importorskip("torch")
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    a = adapt(t)
+    assert a.kind == "torch" and a.dtype == "float32"
+    a.array[0, 0] = 42.0  # zero-copy view of the tensor's memory
+    assert float(t[0, 0]) == 42.0
+    back = from_host(np.asarray(a.array) * 2, a)
+    assert isinstance(back, torch.Tensor) and back.shape == (2, 3)
+    bf = torch.ones(4, dtype=torch.bfloat16)
+    ab = adapt(bf)
+    assert ab.dtype == "bfloat16" and ab.array.dtype == BFLOAT16
+    out = torch.zeros(4, dtype=torch.bfloat16)
+    write_into(out, np.full(4, 3.0, dtype=BFLOAT16))
+    assert float(out.sum()) == 12.0
+    back_bf = from_host(np.full(4, 2.0, dtype=BFLOAT16), ab)
+    assert back_bf.dtype == torch.bfloat16 and float(back_bf.sum()) == 8.0

@@ -1,0 +1,82 @@
+"""Local device identity: CPU without CuPy/GPU, never raising, and the CUDA UUID format."""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from collsvc.client import devices
+
+
+def test_local_device_without_gpu_is_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devices, "_cupy", lambda: None)
+    device = devices.local_device(3)
+    assert device.kind == "cpu"
+    assert device.uuid == ""
+
+
+def test_local_device_on_this_machine_never_raises() -> None:
+    device = devices.local_device(None)
+    assert device.kind in ("cpu", "cuda")
+    if device.kind == "cuda":
+        assert device.uuid.startswith(("GPU-", "MIG-"))
+
+
+def test_local_device_swallows_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> Any:
+        raise RuntimeError("driver exploded")
+
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=broken))
+    )
+    monkeypatch.setattr(devices, "_cupy", lambda: fake)
+    assert devices.local_device(0).kind == "cpu"
+
+
+def _fake_cupy(count: int, current: int) -> Any:
+    uuid = bytes(range(16))
+
+    class Device:
+        def __init__(self, index: int) -> None:
+            self.pci_bus_id = f"0000:{index + 0x10:02X}:00.0"
+
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: count,
+        getDevice=lambda: current,
+        getDeviceProperties=lambda i: {"uuid": uuid},
+    )
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=Device))
+
+
+def test_local_device_uses_local_rank_modulo_count_and_cuda_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devices, "_cupy", lambda: _fake_cupy(count=2, current=0))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # NVML missing: the UUID comes from CUDA
+    device = devices.local_device(3)
+    assert device.kind == "cuda"
+    assert device.index == 1
+    assert device.pci_bus_id == "0000:11:00.0"
+    assert device.uuid == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+
+
+def test_local_device_without_hint_uses_the_current_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devices, "_cupy", lambda: _fake_cupy(count=4, current=2))
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert devices.local_device(None).index == 2
+
+
+def test_cupy_available_is_cached() -> None:
+    assert devices.cupy_available() is devices.cupy_available()
+    assert devices.cupy_available.cache_info().hits >= 1
+
+
+def test_importing_collsvc_does_not_import_cupy() -> None:
+    import subprocess
+
+    code = (
+        "import sys, collsvc, collsvc.client.devices, collsvc.client.backends.nccl; "
+        "assert 'cupy' not in sys.modules, 'cupy imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from collsvc.client.backends.ring import frames
+from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.errors import RankFailedError
+
+
+def frame(payload: bytes, **kw: int) -> bytes:
+    header = frames.encode_header(kw.get("src", 1), 42, kw.get("seq", 3), kw.get("step", 5), 99, b'{"op":"x"}', len(payload))
+    return header + payload
+
+
+def test_frame_round_trip_is_zero_copy_view() -> None:
+    data = frame(b"abcdef")
+    header, payload = frames.decode(data, max_payload=1024)
+    assert (header.src, header.key_hash, header.seq, header.step, header.digest) == (1, 42, 3, 5, 99)
+    assert header.signature.rstrip() == b'{"op":"x"}'
+    assert (len(data) - len(payload)) % 64 == 0  # payload starts aligned
+    assert bytes(payload) == b"abcdef" and isinstance(payload, memoryview)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"short", b"XXXX" + frame(b"a")[4:], frame(b"abc")[:-1], frame(b"abc") + b"extra"],
+)
+def test_malformed_frames_are_rejected(data: bytes) -> None:
+    with pytest.raises(frames.FrameError):
+        frames.decode(data, max_payload=1024)
+
+
+def test_frame_over_limit_is_rejected_before_use() -> None:
+    with pytest.raises(frames.FrameError, match="over the limit"):
+        frames.decode(frame(b"x" * 100), max_payload=10)
+
+
+def test_mailbox_hands_out_frames_that_arrived_early_and_late() -> None:
+    box = Mailbox()
+    header, payload = frames.decode(frame(b"early"), 1024)
+    box.deposit(header, payload)
+    key = (42, 3, 5, 1)
+    assert box.take(key, time.monotonic() + 1)[1].tobytes() == b"early"
+    late_header, late_payload = frames.decode(frame(b"late", step=6), 1024)
+    threading.Timer(0.05, box.deposit, (late_header, late_payload)).start()
+    got = box.take((42, 3, 6, 1), time.monotonic() + 5)
+    assert got is not None and bytes(got[1]) == b"late"
+
+
+def test_mailbox_deadline_returns_none() -> None:
+    start = time.monotonic()
+    assert Mailbox().take((1, 1, 1, 1), start + 0.05) is None
+    assert time.monotonic() - start < 1.0
+
+
+def test_failure_wakes_waiters_but_present_frames_still_win() -> None:
+    box = Mailbox()
+    header, payload = frames.decode(frame(b"there"), 1024)
+    box.deposit(header, payload)
+    box.fail(RankFailedError("rank 2 died", [2], ["h"]))
+    assert box.take((42, 3, 5, 1), time.monotonic() + 1) is not None
+    with pytest.raises(RankFailedError):
+        box.take((42, 3, 9, 1), time.monotonic() + 10)
+
+
+def test_failure_wakes_a_blocked_waiter_promptly() -> None:
+    box = Mailbox()
+    threading.Timer(0.05, box.fail, (RankFailedError("gone", [1]),)).start()
+    start = time.monotonic()
+    with pytest.raises(RankFailedError):
+        box.take((1, 1, 1, 1), start + 30)
+    assert time.monotonic() - start < 5

@@ -1,0 +1,360 @@
+"""The NCCL backend's logic over an in-process fake of CuPy/NCCL (``fake_cupy.py``); runs without a GPU.
+
+Not marked ``gpu``: it checks planning (dtype views, bool/complex mapping, AVG, bitwise folds), routing of
+the send/recv-based collectives, the unique-id exchange, and the timeout/failure/abort paths, at world
+sizes 1 and 3 with one thread per rank. Whether real NCCL agrees is for ``test_nccl_single_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from collsvc.client.backends import nccl as nccl_module
+from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.backends.nccl import NcclBackend
+from collsvc.client.backends.nccl_dtypes import Mode, plan_reduction
+from collsvc.client.backends.nccl_watchdog import Pending, Watchdog
+from collsvc.errors import AbortedError, CollectiveTimeoutError, CollsvcError, RankFailedError
+from collsvc.types import BITWISE_OPS, ReduceOp, check_op_dtype, numpy_dtype
+from tests.gpu import fake_cupy
+
+DTYPES = ["bool", "int8", "uint8", "int32", "uint32", "int64", "uint64"]
+DTYPES += ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+
+
+class KV:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.cond:
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def get(self, key: str, timeout: float) -> bytes:
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout=timeout):
+                raise CollectiveTimeoutError(f"key {key} never set")
+            return self.data[key]
+
+
+class Barriers:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.lock = threading.Lock()
+        self.barriers: dict[str, threading.Barrier] = {}
+
+    def __call__(self, name: str, timeout: float) -> None:
+        with self.lock:
+            barrier = self.barriers.setdefault(name, threading.Barrier(self.size))
+        barrier.wait(timeout)
+
+
+class Failure:
+    def __init__(self) -> None:
+        self.recorded: BaseException | None = None
+
+    def error(self) -> BaseException | None:
+        return self.recorded
+
+
+@pytest.fixture(autouse=True)
+def fake(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nccl_module, "load_cupy", fake_cupy.make)
+    fake_cupy.Event.never_done = False
+
+
+def make_backends(size: int, failure: Failure | None = None) -> list[NcclBackend]:
+    kv, barriers = KV(), Barriers(size)
+    return [
+        NcclBackend(r, size, kv, barriers, 5.0, failure or Failure(), watchdog_grace=0.2) for r in range(size)
+    ]
+
+
+def call(
+    index: int, size: int, op: str, dtype: str, shape: tuple[int, ...], reduce_op: str = "", seq: int = 1
+) -> Call:
+    group = GroupSpec("world", tuple(range(size)), index)
+    return Call(group, "world", seq, Signature(op, dtype, shape, reduce_op), time.monotonic() + 5.0)
+
+
+def run_ranks(backends: list[NcclBackend], fn: Callable[[NcclBackend, int], Any]) -> list[Any]:
+    results: list[Any] = [None] * len(backends)
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            results[i] = fn(backends[i], i)
+        except BaseException as exc:  # shipped to the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(len(backends))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def host_values(dtype: str, rank: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(rank + 7)
+    if dtype == "bool":
+        return rng.integers(0, 2, n).astype(bool)
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(1, 6, n).astype(numpy_dtype(dtype))
+    if dtype.startswith("complex"):
+        return (rng.integers(-4, 5, n) + 1j * rng.integers(-4, 5, n)).astype(dtype)
+    return rng.integers(-8, 9, n).astype(numpy_dtype(dtype))
+
+
+def device(host: np.ndarray) -> fake_cupy.FakeArray:
+    """What the communicator hands the backend: flat, with bfloat16 as a uint16 view."""
+    if host.dtype == np.dtype(ml_dtypes.bfloat16):
+        return fake_cupy.asfake(host.view(np.uint16).copy())
+    return fake_cupy.asfake(host.copy())
+
+
+def back(dev: np.ndarray, dtype: str) -> np.ndarray:
+    return np.asarray(dev).view(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.asarray(dev)
+
+
+def reference(op: ReduceOp, inputs: list[np.ndarray]) -> np.ndarray:
+    wide = [x.astype(np.float64) if x.dtype == np.dtype(ml_dtypes.bfloat16) else x for x in inputs]
+    if op is ReduceOp.AVG:
+        result = np.add.reduce(wide) / len(wide)
+    else:
+        ufunc = {
+            ReduceOp.SUM: np.add,
+            ReduceOp.PRODUCT: np.multiply,
+            ReduceOp.MIN: np.minimum,
+            ReduceOp.MAX: np.maximum,
+            ReduceOp.BAND: np.bitwise_and,
+            ReduceOp.BOR: np.bitwise_or,
+            ReduceOp.BXOR: np.bitwise_xor,
+        }[op]
+        result = ufunc.reduce(wide)
+    return np.asarray(result).astype(inputs[0].dtype)
+
+
+def valid(op: ReduceOp, dtype: str) -> bool:
+    try:
+        check_op_dtype(op, numpy_dtype(dtype))
+    except TypeError:
+        return False
+    return not (dtype.startswith("complex") and op is ReduceOp.PRODUCT)
+
+
+def assert_same(got: np.ndarray, want: np.ndarray) -> None:
+    if want.dtype.kind in "fc" or want.dtype == np.dtype(ml_dtypes.bfloat16):
+        np.testing.assert_allclose(got.astype(np.complex128), want.astype(np.complex128), rtol=1e-2)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+CASES = [(op, dt) for op in ReduceOp for dt in DTYPES if valid(op, dt)]
+
+
+@pytest.mark.parametrize("size", [1, 3])
+@pytest.mark.parametrize(("op", "dtype"), CASES, ids=[f"{o.name}-{d}" for o, d in CASES])
+def test_all_reduce_matches_numpy(size: int, op: ReduceOp, dtype: str) -> None:
+    inputs = [host_values(dtype, r, 10) for r in range(size)]
+    backends = make_backends(size)
+
+    def body(b: NcclBackend, i: int) -> np.ndarray:
+        buf = device(inputs[i])
+        b.all_reduce(call(i, size, "all_reduce", dtype, (10,), op.value), buf, op)
+        return back(buf, dtype)
+
+    for got in run_ranks(backends, body):
+        assert_same(got, reference(op, inputs))
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype"), [(ReduceOp.SUM, "float32"), (ReduceOp.BXOR, "int32"), (ReduceOp.AVG, "complex64")]
+)
+def test_reduce_and_reduce_scatter(op: ReduceOp, dtype: str) -> None:
+    size, n = 3, 4
+    inputs = [host_values(dtype, r, size * n) for r in range(size)]
+    want = reference(op, inputs)
+
+    def body(b: NcclBackend, i: int) -> tuple[np.ndarray, np.ndarray]:
+        buf = device(inputs[i])
+        b.reduce(call(i, size, "reduce", dtype, (size * n,), op.value, seq=1), buf, op, 1)
+        out = fake_cupy.asfake(np.empty(n, dtype=inputs[i].dtype))
+        b.reduce_scatter(
+            call(i, size, "reduce_scatter", dtype, (size * n,), op.value, seq=2), device(inputs[i]), out, op
+        )
+        return np.asarray(buf), np.asarray(out)
+
+    results = run_ranks(make_backends(size), body)
+    assert_same(results[1][0], want)
+    for i, (_, block) in enumerate(results):
+        assert_same(block, want[i * n : (i + 1) * n])
+
+
+def test_data_movement_collectives_at_size_3() -> None:
+    size, n = 3, 4
+    inputs = [np.arange(size * n, dtype=np.int16) + 100 * r for r in range(size)]  # int16 moves as bytes
+
+    def body(b: NcclBackend, i: int) -> dict[str, np.ndarray]:
+        got: dict[str, np.ndarray] = {}
+        buf = device(inputs[i])
+        b.broadcast(call(i, size, "broadcast", "int16", (size * n,), seq=1), buf, 2)
+        got["broadcast"] = np.asarray(buf)
+        out = fake_cupy.asfake(np.empty(size * size * n, dtype=np.int16))
+        b.all_gather(call(i, size, "all_gather", "int16", (size * n,), seq=2), device(inputs[i]), out)
+        got["all_gather"] = np.asarray(out)
+        gathered = fake_cupy.asfake(np.zeros(size * size * n, dtype=np.int16)) if i == 0 else None
+        b.gather(call(i, size, "gather", "int16", (size * n,), seq=3), device(inputs[i]), gathered, 0)
+        if gathered is not None:
+            got["gather"] = np.asarray(gathered)
+        block = fake_cupy.asfake(np.empty(n, dtype=np.int16))
+        b.scatter(
+            call(i, size, "scatter", "int16", (size * n,), seq=4),
+            device(inputs[i]) if i == 1 else None,
+            block,
+            1,
+        )
+        got["scatter"] = np.asarray(block)
+        a2a = fake_cupy.asfake(np.empty(size * n, dtype=np.int16))
+        b.all_to_all(call(i, size, "all_to_all", "int16", (size * n,), seq=5), device(inputs[i]), a2a)
+        got["all_to_all"] = np.asarray(a2a)
+        if i == 0:
+            b.send(call(i, size, "send", "int16", (n,), seq=6), device(inputs[0][:n]), 2)
+        if i == 2:
+            received = fake_cupy.asfake(np.empty(n, dtype=np.int16))
+            b.recv(call(i, size, "recv", "int16", (n,), seq=6), received, 0)
+            got["recv"] = np.asarray(received)
+        return got
+
+    results = run_ranks(make_backends(size), body)
+    everything = np.concatenate(inputs)
+    assert (results[0]["gather"] == everything).all()
+    assert (results[2]["recv"] == inputs[0][:n]).all()
+    for i, got in enumerate(results):
+        assert (got["broadcast"] == inputs[2]).all()
+        assert (got["all_gather"] == everything).all()
+        assert (got["scatter"] == inputs[1][i * n : (i + 1) * n]).all()
+        want = np.concatenate([inputs[j][i * n : (i + 1) * n] for j in range(size)])
+        assert (got["all_to_all"] == want).all()
+
+
+def test_unique_id_is_published_once_per_group() -> None:
+    backends = make_backends(2)
+    run_ranks(
+        backends,
+        lambda b, i: b.broadcast(call(i, 2, "broadcast", "uint8", (3,)), device(np.zeros(3, np.uint8)), 0),
+    )
+    kv = backends[0]._kv
+    assert (
+        isinstance(kv, KV) and list(kv.data) == ["nccl/world/uid"] and len(kv.data["nccl/world/uid"]) == 128
+    )
+
+
+def test_unsupported_reductions_are_type_errors() -> None:
+    (b,) = make_backends(1)
+    with pytest.raises(TypeError, match="int16") as info:
+        b.all_reduce(
+            call(0, 1, "all_reduce", "int16", (4,), "sum"), device(np.zeros(4, np.int16)), ReduceOp.SUM
+        )
+    assert "float32" in str(info.value)  # names what is supported
+    with pytest.raises(TypeError, match="complex"):
+        plan_reduction(ReduceOp.PRODUCT, "complex64", 22105)
+    with pytest.raises(TypeError):
+        plan_reduction(ReduceOp.BAND, "float32", 22105)
+
+
+def test_plans() -> None:
+    assert plan_reduction(ReduceOp.AVG, "float32", 20900).mode is Mode.SUM_THEN_DIVIDE
+    assert plan_reduction(ReduceOp.AVG, "float32", 22105, has_avg=False).mode is Mode.SUM_THEN_DIVIDE
+    assert plan_reduction(ReduceOp.AVG, "float32", 22105).nccl_op == "NCCL_AVG"
+    assert plan_reduction(ReduceOp.SUM, "bool", 22105).nccl_op == "NCCL_MAX"
+    assert plan_reduction(ReduceOp.PRODUCT, "bool", 22105).nccl_op == "NCCL_MIN"
+    assert plan_reduction(ReduceOp.SUM, "complex128", 22105).factor == 2
+    for op in BITWISE_OPS:
+        assert plan_reduction(op, "int64", 22105).mode is Mode.FOLD
+    with pytest.raises(TypeError, match="2.10"):
+        plan_reduction(ReduceOp.SUM, "bfloat16", 20800)
+
+
+def test_avg_fallback_divides_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    backends = make_backends(3)
+    for b in backends:
+        b._has_avg = False
+    inputs = [host_values("float32", r, 6) for r in range(3)]
+
+    def body(b: NcclBackend, i: int) -> np.ndarray:
+        buf = device(inputs[i])
+        b.all_reduce(call(i, 3, "all_reduce", "float32", (6,), "avg"), buf, ReduceOp.AVG)
+        return np.asarray(buf)
+
+    for got in run_ranks(backends, body):
+        np.testing.assert_allclose(got, np.mean(inputs, axis=0), rtol=1e-6)
+
+
+def test_timeout_aborts_and_breaks_the_backend() -> None:
+    (b,) = make_backends(1)
+    buf = device(np.ones(4, np.float32))
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)  # creates the comm
+    fake_cupy.Event.never_done = True
+    c = Call(
+        GroupSpec("world", (0,), 0),
+        "world",
+        2,
+        Signature("all_reduce", "float32", (4,), "sum"),
+        time.monotonic() + 0.2,
+    )
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match=r"all_reduce\(float32\[4\], sum\)") as info:
+        b.all_reduce(c, buf, ReduceOp.SUM)
+    assert time.monotonic() - start < 2.0
+    assert info.value.waiting_on == []
+    assert b._comms["world"].comm.aborted
+    with pytest.raises(CollectiveTimeoutError):  # later calls fail at once
+        b.broadcast(call(0, 1, "broadcast", "float32", (4,), seq=3), buf, 0)
+    b.close()
+
+
+def test_recorded_failure_is_raised() -> None:
+    failure = Failure()
+    (b,) = make_backends(1, failure)
+    buf = device(np.ones(4, np.float32))
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    fake_cupy.Event.never_done = True
+    failure.recorded = RankFailedError("rank 3 died", [3], ["h3"])
+    with pytest.raises(RankFailedError) as info:
+        b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum", seq=2), buf, ReduceOp.SUM)
+    assert info.value.ranks == [3]
+
+
+def test_abort_fails_later_calls() -> None:
+    (b,) = make_backends(1)
+    buf = device(np.ones(4, np.float32))
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    b.abort(AbortedError("stop", reason="stop"))
+    with pytest.raises(AbortedError):
+        b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum", seq=2), buf, ReduceOp.SUM)
+    b.close()
+    b.close()
+
+
+def test_watchdog_fails_an_operation_stuck_past_its_deadline() -> None:
+    failed: list[CollsvcError] = []
+    watchdog = Watchdog(Failure(), grace=0.5)
+    p = Pending("all_reduce(float32[4], sum)", deadline=100.0, timeout=1.0, on_fail=failed.append)
+    watchdog.watch(p)
+    watchdog.check_once(now=100.2)
+    assert not failed
+    watchdog.check_once(now=100.6)
+    assert isinstance(p.error, CollectiveTimeoutError) and failed == [p.error]
+    watchdog.stop()
