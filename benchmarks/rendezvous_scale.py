@@ -31,7 +31,7 @@ def _coordinator(port_queue: Any, stop_event: Any) -> None:
     from collsvc.server.app import serve
     from collsvc.types import CoordinatorOptions
 
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=os.environ.get("COLLSVC_BENCH_LOG", "WARNING"))
     # Nobody sends heartbeats here; do not let the monitor fail the simulated ranks.
     options = CoordinatorOptions(host="127.0.0.1", port=0, token=TOKEN, heartbeat_timeout=3600.0)
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         times = []
         for i in range(args.repeat):
             seconds = run_once(address, f"bench-{i}", args.ranks, max(args.procs, 1), max(args.channels, 1))
-            print(f"run {i + 1}: {seconds:.3f} s", file=sys.stderr)
+            print(f"run {i + 1}: {seconds:.3f} s", flush=True)
             times.append(seconds)
     finally:
         stop_event.set()

@@ -69,9 +69,9 @@ def _add_client_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=_positive_float,
-        default=5.0,
+        default=3.0,
         metavar="S",
-        help="give up after this many seconds (default: 5)",
+        help="give up after this many seconds (default: 3)",
     )
 
 
@@ -90,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         "and run exits with that rank's exit code (128+N when killed by signal N) after one summary line.",
     )
     run.add_argument(
-        "-n", "--nproc-per-node", dest="nproc", type=int, default=1, metavar="N", help="ranks on this node"
+        "-n",
+        "--nproc-per-node",
+        dest="nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="ranks on this node (default: 1)",
     )
     run.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default: 1)")
     run.add_argument("--node-rank", type=int, default=0, help="this node's index, from 0 (default: 0)")
@@ -123,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-m",
         "--module",
         action="store_true",
-        help="run the target as a module (python -m MODULE), like python -m",
+        help="the target is a module name, run as python -m MODULE [args ...]",
     )
     run.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]", help="what to run")
     _add_log_level(run)

@@ -105,7 +105,8 @@ validate() {
   if docker compose version >/dev/null 2>&1; then
     log "docker compose config"
     for f in docker/compose.yaml docker/compose.multihost.yaml docker/compose.gpu.yaml; do
-      COORDINATOR_ADDR=10.0.0.1:29400 ADVERTISE_ADDR=10.0.0.2 WORLD_SIZE=2 \
+      echo test-token >"$tmp/token"
+      COORDINATOR_ADDR=10.0.0.1:29400 ADVERTISE_ADDR=10.0.0.2 WORLD_SIZE=2 COLLSVC_TOKEN_PATH="$tmp/token" \
         docker compose -f "$f" --profile coordinator config -q || rc=1
     done
   else

@@ -70,6 +70,9 @@ class Communicator:
         if self._closed or self._job.closed:
             raise CollsvcError(f"communicator '{self.name}' is closed")
         self._job.failure.check()
+        for rank in self._ranks:
+            if rank in self._job.departed:
+                raise self._job.departed[rank]
 
     def _next_seq(self, stream: str) -> int:
         with self._lock:

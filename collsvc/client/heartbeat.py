@@ -164,6 +164,7 @@ class Watcher:
         interval: float,
         progress: ProgressTracker,
         failure: FailureState,
+        departed: Callable[[list[int], RankFailedError], None],
         coordinator_grace: float = 20.0,
     ) -> None:
         self._client = client
@@ -171,6 +172,7 @@ class Watcher:
         self._interval = interval
         self._progress = progress
         self._failure = failure
+        self._departed = departed
         self._grace = coordinator_grace
         self._stopping = threading.Event()
         self._watching = threading.Event()
@@ -219,7 +221,11 @@ class Watcher:
                         self._watching.set()
                         continue
                     error = event_error(event)
-                    if error is not None:
+                    if event.kind == Events.EVENT_KIND_MEMBER_LEFT and isinstance(error, RankFailedError):
+                        # A clean leave fails only what still needs the departed rank.
+                        log.info("job %s rank %d: %s", self._client.job_id, self._rank, error)
+                        self._departed(list(event.ranks), error)
+                    elif error is not None:
                         log.error("job %s rank %d: %s", self._client.job_id, self._rank, error)
                         self._failure.set(error)
                 if self._stopping.is_set():

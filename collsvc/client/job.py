@@ -21,7 +21,13 @@ from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.heartbeat import FailureState, ProgressTracker, Watcher
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.client.work import OrderedExecutor
-from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, CollsvcError, RendezvousError
+from collsvc.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CollsvcError,
+    RankFailedError,
+    RendezvousError,
+)
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
 from collsvc.types import InitOptions, Limits
 
@@ -116,8 +122,14 @@ class Job:
         self.nccl: Any = None
         self.backend_name = "ring"
         self.watcher = Watcher(
-            client, join.rank, interval=options.heartbeat_interval, progress=self.progress, failure=self.failure
+            client,
+            join.rank,
+            interval=options.heartbeat_interval,
+            progress=self.progress,
+            failure=self.failure,
+            departed=self._departed,
         )
+        self.departed: dict[int, RankFailedError] = {}
         self.closed = False
 
     @property
@@ -168,6 +180,11 @@ class Job:
         count = self.client.add(f"named-barrier/{name}/{self.rank}", 1)
         tag = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=2).digest(), "little")
         self.client.barrier(group, self.rank, (1 << 40) + (tag << 20) + count, timeout)
+
+    def _departed(self, ranks: list[int], error: RankFailedError) -> None:
+        for rank in ranks:
+            self.departed.setdefault(rank, error)
+        self.mailbox.depart(ranks, error)
 
     def _abort_backends(self, error: BaseException) -> None:
         if self.nccl is not None:

@@ -107,6 +107,11 @@ async def build_server(options: CoordinatorOptions) -> tuple[grpc.aio.Server, in
             ("grpc.max_receive_message_length", max_message),
             ("grpc.max_send_message_length", max_message),
             ("grpc.max_concurrent_streams", 1 << 20),
+            # Thousands of ranks join at once. gRPC core cancels (status CANCELLED) calls that arrive
+            # while 1000 (soft) / 3000 (hard) are queued before the application took them, which a
+            # rendezvous burst of ~1800 calls already hits (benchmarks/rendezvous_scale.py).
+            ("grpc.server.max_pending_requests", 1 << 16),
+            ("grpc.server.max_pending_requests_hard_limit", 1 << 17),
         ],
     )
     add_coordinator(server, CoordinatorServicer(hub))

@@ -35,7 +35,7 @@ class Result:
         return getattr(self, stream).splitlines()
 
 
-def collsvc(*args: str, timeout: float = 60.0, cwd: Path | None = None, **env: str) -> Result:
+def run_cli(*args: str, timeout: float = 60.0, cwd: Path | None = None, **env: str) -> Result:
     """Runs ``python -m collsvc ARGS`` to completion (killed after ``timeout``)."""
     start = time.monotonic()
     proc = subprocess.run(

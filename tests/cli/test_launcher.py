@@ -13,7 +13,7 @@ import pytest
 
 import collsvc as collsvc_pkg
 from collsvc.launcher import LaunchSpec, describe_exit, rank_env
-from tests.cli._util import HOST, NOWHERE, cli_env, collsvc, gone, script, summary_lines
+from tests.cli._util import HOST, NOWHERE, cli_env, gone, run_cli, script, summary_lines
 
 BLOCK_FOREVER = "import threading; threading.Event().wait()"
 
@@ -32,7 +32,7 @@ def test_prefixes_both_streams_and_passes_arguments(tmp_path: Path) -> None:
         sys.stdout.write("no newline at the end")
         """,
     )
-    res = collsvc(
+    res = run_cli(
         "run",
         "-n",
         "3",
@@ -61,7 +61,7 @@ def test_prefixes_both_streams_and_passes_arguments(tmp_path: Path) -> None:
 
 
 def test_all_ranks_succeed_exits_zero(tmp_path: Path) -> None:
-    res = collsvc("run", "-n", "2", "--coordinator", NOWHERE, script(tmp_path, "ok.py", "print('hi')"))
+    res = run_cli("run", "-n", "2", "--coordinator", NOWHERE, script(tmp_path, "ok.py", "print('hi')"))
     assert res.returncode == 0
     assert sorted(res.lines("stdout")) == ["[rank 0] hi", "[rank 1] hi"]
 
@@ -78,7 +78,7 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path: Path) -> None:
         {BLOCK_FOREVER}
         """,
     )
-    res = collsvc("run", "-n", "3", "--coordinator", NOWHERE, path, timeout=30)
+    res = run_cli("run", "-n", "3", "--coordinator", NOWHERE, path, timeout=30)
     assert res.returncode == 3
     assert "[rank 1] boom" in res.lines("stderr")
     assert summary_lines(res.stderr) == [f"collsvc run: rank 1 on host {HOST} failed: exit code 3"]
@@ -97,7 +97,7 @@ def test_rank_killed_by_signal(tmp_path: Path) -> None:
         {BLOCK_FOREVER}
         """,
     )
-    res = collsvc("run", "-n", "2", "--coordinator", NOWHERE, path, timeout=30)
+    res = run_cli("run", "-n", "2", "--coordinator", NOWHERE, path, timeout=30)
     assert res.returncode == 128 + 9
     assert summary_lines(res.stderr) == [
         f"collsvc run: rank 0 on host {HOST} failed: killed by signal SIGKILL (9)"
@@ -120,7 +120,7 @@ def test_sigterm_ignoring_sibling_and_its_children_are_killed_after_grace(tmp_pa
         {BLOCK_FOREVER}
         """,
     )
-    res = collsvc("run", "-n", "2", "--grace", "0.5", "--coordinator", NOWHERE, path, timeout=30)
+    res = run_cli("run", "-n", "2", "--grace", "0.5", "--coordinator", NOWHERE, path, timeout=30)
     assert res.returncode == 7
     assert summary_lines(res.stderr) == [f"collsvc run: rank 1 on host {HOST} failed: exit code 7"]
     assert res.seconds < 4.0
@@ -156,7 +156,7 @@ def test_sigterm_to_run_is_forwarded(tmp_path: Path) -> None:
 
 def test_job_timeout(tmp_path: Path) -> None:
     path = script(tmp_path, "hang.py", BLOCK_FOREVER)
-    res = collsvc("run", "-n", "2", "--timeout", "0.5", "--coordinator", NOWHERE, path, timeout=30)
+    res = run_cli("run", "-n", "2", "--timeout", "0.5", "--coordinator", NOWHERE, path, timeout=30)
     assert res.returncode == 124
     assert "longer than --timeout 0.5 s" in res.stderr
     assert res.seconds < 5.0
@@ -164,7 +164,7 @@ def test_job_timeout(tmp_path: Path) -> None:
 
 def test_module_mode(tmp_path: Path) -> None:
     (tmp_path / "mymod.py").write_text("import sys\nprint('module', sys.argv[1:])\n")
-    res = collsvc("run", "-n", "1", "--coordinator", NOWHERE, "-m", "mymod", "x", "-y", cwd=tmp_path)
+    res = run_cli("run", "-n", "1", "--coordinator", NOWHERE, "-m", "mymod", "x", "-y", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.lines("stdout") == ["[rank 0] module ['x', '-y']"]
 
@@ -178,7 +178,7 @@ def test_multi_node_ranks_and_token(tmp_path: Path) -> None:
     )
     token_file = tmp_path / "token"
     token_file.write_text("  s3cret\n")
-    res = collsvc(
+    res = run_cli(
         "run",
         "--coordinator",
         NOWHERE,
@@ -207,7 +207,7 @@ def test_multi_node_ranks_and_token(tmp_path: Path) -> None:
     ],
 )
 def test_usage_errors_exit_2(args: list[str], message: str) -> None:
-    res = collsvc(*args, timeout=30)
+    res = run_cli(*args, timeout=30)
     assert res.returncode == 2
     assert message in res.stderr
     assert len(res.lines("stderr")) == 1

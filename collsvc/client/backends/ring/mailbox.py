@@ -28,6 +28,7 @@ class Mailbox:
         self._frames: dict[FrameKey, _Arrived] = {}
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
+        self._departed: dict[int, BaseException] = {}
 
     def deposit(self, header: FrameHeader, payload: memoryview) -> None:
         key = (header.key_hash, header.seq, header.step, header.src)
@@ -48,6 +49,9 @@ class Mailbox:
                     return arrived.header, arrived.payload
                 if self._failure is not None:
                     raise self._failure
+                departed = self._departed.get(key[3])
+                if departed is not None:
+                    raise departed
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -58,6 +62,14 @@ class Mailbox:
         with self._cond:
             if self._failure is None:
                 self._failure = error
+            self._cond.notify_all()
+
+    def depart(self, ranks: list[int], error: BaseException) -> None:
+        """Records ranks that left the job cleanly: a wait for a frame from one of them that has not
+        arrived raises ``error`` (it will never come); every other wait goes on."""
+        with self._cond:
+            for rank in ranks:
+                self._departed.setdefault(rank, error)
             self._cond.notify_all()
 
     def discard(self, key_hash: int, seq: int) -> None:

@@ -7,8 +7,9 @@ source address is the outbox the claimed sender owns, which no other process can
 lives.
 
 Messages are tiny: ``HELLO`` carries a segment descriptor (``SCM_RIGHTS``) while the group forms,
-``ARRIVE`` is a rank reaching barrier generation ``g`` (optionally with a call descriptor), ``WAKE``
-interrupts a blocked wait (``fail``). The arrival state is the truth, datagrams are its transport: the
+``ARRIVE`` is a rank reaching barrier generation ``g`` (optionally with a call descriptor), ``RELEASE``
+is local rank 0 ending a central barrier (with every rank's descriptor), ``WAKE`` interrupts a blocked
+wait (``fail``). The arrival state is the truth, datagrams are its transport: the
 kernel's socket locks order every shared-memory write a sender made before it sent with every read the
 receiver makes after it received, on any CPU architecture.
 
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable
 
 HEADER = struct.Struct("<BxxxIQ")  # kind, sender local rank, generation
-HELLO, ARRIVE, WAKE = 1, 2, 3
+HELLO, ARRIVE, RELEASE, WAKE = 1, 2, 3, 4
 _MAX_MESSAGE = 1024
 _GONE = (ConnectionRefusedError, ConnectionResetError, BrokenPipeError, FileNotFoundError)
 
@@ -49,6 +50,7 @@ class Doorbell:
 
     Attributes:
         arrived: per local rank, the highest barrier generation it announced (own entry included).
+        released: the last generation local rank 0 released (central barriers).
         bodies: per generation parity, per local rank, the body of its last ``ARRIVE`` of that parity.
         gone: local ranks whose inbox no longer exists (process exited or closed the group).
     """
@@ -73,6 +75,7 @@ class Doorbell:
         self._buf = bytearray(_MAX_MESSAGE)
         self._expect_fds = True
         self.arrived = [0] * size
+        self.released = 0
         self.bodies: tuple[list[bytes], list[bytes]] = ([b""] * size, [b""] * size)
         self.hellos: dict[int, tuple[int, bytes]] = {}
         self.gone: set[int] = set()
@@ -140,13 +143,43 @@ class Doorbell:
 
     # -- barriers --------------------------------------------------------------------------------
 
-    def announce(self, generation: int, body: bytes, deadline: float) -> bool:
-        """Tells every peer that this rank reached ``generation``; False when a send hit the deadline."""
+    def barrier(
+        self, generation: int, body: bytes, deadline: float, check: Callable[[], None], spin: float
+    ) -> bool:
+        """Barrier ``generation``: on return ``bodies[generation % 2]`` holds every rank's ``body``.
+
+        Two ranks tell each other (one hop). Three or more use a central barrier through local rank 0:
+        each rank sends to rank 0 and sleeps until rank 0's release, so a waiting rank is woken once
+        per barrier rather than once per peer (on a few shared cores, wake-ups cost more than a hop).
+
+        Returns:
+            False when the deadline passed first.
+
+        Raises:
+            Whatever ``check`` raises.
+        """
+        parity = generation % 2
         self.arrived[self._rank] = generation
-        self.bodies[generation % 2][self._rank] = body
-        message = HEADER.pack(ARRIVE, self._rank, generation) + body
-        for peer, sock in self._out.items():
-            if peer not in self.gone and not self._send(peer, sock, message, deadline):
+        self.bodies[parity][self._rank] = body
+        if self._size == 2 or self._rank == 0:
+            message = HEADER.pack(ARRIVE, self._rank, generation) + body
+            targets = list(self._out) if self._size == 2 else []
+            if not self._send_all(targets, message, deadline):
+                return False
+            arrived = self.arrived
+            if not self.wait(lambda: min(arrived) >= generation, deadline, check, spin):
+                return False
+            if self._size == 2:
+                return True
+            release = HEADER.pack(RELEASE, self._rank, generation) + b"".join(self.bodies[parity])
+            return self._send_all(list(self._out), release, deadline)
+        if not self._send_all([0], HEADER.pack(ARRIVE, self._rank, generation) + body, deadline):
+            return False
+        return self.wait(lambda: self.released >= generation, deadline, check, spin)
+
+    def _send_all(self, peers: list[int], message: bytes, deadline: float) -> bool:
+        for peer in peers:
+            if peer not in self.gone and not self._send(peer, self._out[peer], message, deadline):
                 return False
         return True
 
@@ -213,6 +246,12 @@ class Doorbell:
             if trusted and kind == ARRIVE and generation > self.arrived[sender]:
                 self.arrived[sender] = generation
                 self.bodies[generation % 2][sender] = bytes(view[HEADER.size : size])
+            elif trusted and kind == RELEASE and sender == 0 and generation > self.released:
+                self.released = generation
+                bodies, part = self.bodies[generation % 2], (size - HEADER.size) // self._size
+                for rank in range(self._size):
+                    start = HEADER.size + rank * part
+                    bodies[rank] = bytes(view[start : start + part])
             elif trusted and kind == HELLO and fds and sender not in self.hellos:
                 self.hellos[sender] = (fds[0], bytes(view[HEADER.size : size]))
                 keep = True

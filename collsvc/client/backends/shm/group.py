@@ -350,10 +350,10 @@ class LocalGroup:
         bell = self._bell
         assert bell is not None  # only groups of two or more step
         generation = self._generation + 1
-        arrived = bell.arrived
-        sent = bell.announce(generation, body or b"", deadline)
-        if not (sent and bell.wait(lambda: min(arrived) >= generation, deadline, self._check_failed, self.spin_seconds)):
-            missing = [r for r in range(self._size) if arrived[r] < generation]
+        self._segments[self._rank].reached[0] = generation
+        if not bell.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds):
+            # Every rank records the step it reached in its segment: enough to name the late ones.
+            missing = [r for r, seg in enumerate(self._segments) if int(seg.reached[0]) < generation]
             gone = sorted(bell.gone)
             note = f" (local ranks {gone} closed their sockets: exited or closed the group)" if gone else ""
             raise CollectiveTimeoutError(

@@ -5,7 +5,9 @@ Each local rank owns one segment and is its only writer; its peers map it read-o
 whatever way a process exits (SIGKILL included) and the size of the /dev/shm mount (64 MiB in a default
 Docker container) does not limit it. The kernel frees it once the last mapping and descriptor are gone.
 
-Layout, for each of two parities (double buffering, see ``group.py``)::
+Layout: a 64-byte control block (word 0: the last barrier generation the owner reached, read by peers
+only to name the ranks a timed-out barrier waited on), then for each of two parities (double
+buffering, see ``group.py``)::
 
     [ input slot: slot_bytes ][ result slot: ceil(slot_bytes / local_size) + 64 ]
 """
@@ -60,10 +62,10 @@ class Layout:
     @property
     def size(self) -> int:
         """Total bytes of one segment."""
-        return 2 * (self.slot_bytes + self.result_bytes)
+        return _ALIGN + 2 * (self.slot_bytes + self.result_bytes)
 
     def input_offset(self, parity: int) -> int:
-        return parity * (self.slot_bytes + self.result_bytes)
+        return _ALIGN + parity * (self.slot_bytes + self.result_bytes)
 
     def result_offset(self, parity: int) -> int:
         return self.input_offset(parity) + self.slot_bytes
@@ -84,6 +86,8 @@ class Segment:
     layout: Layout
     _map: mmap.mmap
     _bytes: np.ndarray
+    #: word 0 of the control block: the last barrier generation the owner reached
+    reached: np.ndarray
     _typed: dict[np.dtype, SegmentViews] = field(default_factory=dict)
 
     @classmethod
@@ -110,7 +114,7 @@ class Segment:
         """
         size = os.fstat(fd).st_size
         if size != layout.size:
-            raise RendezvousError(f"a local peer's shared-memory segment has {size} bytes, expected {layout.size}")
+            raise RendezvousError(f"a local peer's shared-memory segment has {size} bytes, not {layout.size}")
         return cls._map_fd(fd, layout, writable=False)
 
     @classmethod
@@ -120,7 +124,7 @@ class Segment:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         mapped = mmap.mmap(fd, layout.size, flags=flags, prot=prot)
         raw = np.frombuffer(mapped, dtype=np.uint8)
-        return cls(layout, mapped, raw)
+        return cls(layout, mapped, raw, raw[:8].view(np.uint64))
 
     def views(self, dtype: np.dtype) -> SegmentViews:
         """The input and result slots as arrays of ``dtype`` (cached per dtype)."""
@@ -143,7 +147,7 @@ class Segment:
     def close(self) -> bool:
         """Unmaps the segment; returns False when a view is still referenced (the GC unmaps it later)."""
         self._typed.clear()
-        del self._bytes
+        del self._bytes, self.reached
         try:
             self._map.close()
         except BufferError:  # someone still holds a view; the mapping goes with it

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+
+from collsvc.server.state.common import Device
+from collsvc.server.state.jobs import Job
+from collsvc.types import Limits
+
+
+class FakeClock:
+    """Monotonic seconds that only move when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_job(clock: FakeClock) -> Callable[..., Job]:
+    counter = itertools.count()
+
+    def make(job_id: str = "job", limits: Limits | None = None) -> Job:
+        return Job(
+            job_id,
+            clock=clock,
+            limits=limits or Limits(),
+            incarnation=42,
+            make_secret=lambda: f"secret-{next(counter)}",
+        )
+
+    return make
+
+
+def join(job: Job, world_size: int, host: str = "h", **kw: object) -> object:
+    args: dict[str, object] = dict(
+        world_size=world_size,
+        requested_rank=None,
+        host=host,
+        peer_address=f"{host}:1",
+        device=Device(),
+        pid=0,
+        local_rank_hint=None,
+    )
+    args.update(kw)
+    return job.join(**args)  # type: ignore[arg-type]

@@ -1,0 +1,104 @@
+"""The hub's failure paths with a fake clock: who is told what (no network)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collsvc.proto.v1 import coordinator_pb2
+from collsvc.server.services.hub import Hub, Stream
+from collsvc.server.state.common import Device, MemberState
+from collsvc.types import CoordinatorOptions
+
+from .conftest import FakeClock
+
+Events = coordinator_pb2.EventKind
+
+
+def _drain(stream: Stream) -> list[Any]:
+    out = []
+    while not stream.queue.empty():
+        out.append(stream.queue.get_nowait())
+    return out
+
+
+def _job(hub: Hub, n: int) -> tuple[Any, list[Any]]:
+    rt = hub.find_or_create("j")
+    for i in range(n):
+        rt.job.join(
+            world_size=n,
+            requested_rank=i,
+            host=f"h{i}",
+            peer_address="",
+            device=Device(),
+            pid=i,
+            local_rank_hint=None,
+        )
+    return rt, rt.job.members
+
+
+def test_missed_heartbeats_fail_the_member_and_tell_the_others(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(heartbeat_timeout=5.0), clock=clock)
+    rt, members = _job(hub, 3)
+    streams = [hub.open_stream(rt, m) for m in members]
+    assert [e.kind for e in _drain(streams[0])] == [Events.EVENT_KIND_WATCHING]
+    _drain(streams[1]), _drain(streams[2])
+    clock.advance(3.0)
+    rt.job.heartbeat(members[0])
+    rt.job.heartbeat(members[1])
+    clock.advance(2.5)
+    hub.check_heartbeats()
+    assert members[2].state == MemberState.FAILED
+    for stream in streams[:2]:
+        (event,) = _drain(stream)
+        assert event.kind == Events.EVENT_KIND_MEMBER_FAILED
+        assert list(event.ranks) == [2] and list(event.hosts) == ["h2"]
+    assert _drain(streams[2]) == []
+
+
+def test_late_stream_replays_past_failures(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(), clock=clock)
+    rt, members = _job(hub, 3)
+    hub.fail(rt, [1], "crashed")
+    hub.abort(rt, members[0], "user abort")
+    kinds = [e.kind for e in _drain(hub.open_stream(rt, members[2]))]
+    assert kinds == [Events.EVENT_KIND_WATCHING, Events.EVENT_KIND_JOB_ABORTED, Events.EVENT_KIND_MEMBER_FAILED]
+
+
+def test_broken_stream_without_leave_is_a_failure_but_after_leave_is_not(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(), clock=clock)
+    rt, members = _job(hub, 3)
+    streams = [hub.open_stream(rt, m) for m in members]
+    for s in streams:
+        _drain(s)
+    hub.leave(rt, members[1])
+    hub.close_stream(rt, members[1], streams[1])
+    assert members[1].state == MemberState.LEFT
+    assert [e.kind for e in _drain(streams[0])] == [Events.EVENT_KIND_MEMBER_LEFT]
+    hub.close_stream(rt, members[2], streams[2])
+    assert members[2].state == MemberState.FAILED
+    assert [e.kind for e in _drain(streams[0])] == [Events.EVENT_KIND_MEMBER_FAILED]
+
+
+def test_job_is_dropped_when_everyone_is_gone(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(), clock=clock)
+    rt, members = _job(hub, 2)
+    hub.leave(rt, members[0])
+    assert hub.registry.find("j") is rt.job
+    hub.fail(rt, [1], "crashed")
+    assert hub.registry.find("j") is None
+
+
+def test_mismatch_reports_are_merged_and_fanned_out(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(), clock=clock)
+    rt, members = _job(hub, 2)
+    streams = [hub.open_stream(rt, m) for m in members]
+    for s in streams:
+        _drain(s)
+    hub.mismatch(rt, members[0], "ops differ", {"0": {"op": "all_reduce"}})
+    hub.mismatch(rt, members[1], "ops differ", {"1": {"op": "broadcast"}})
+    last = _drain(streams[0])[-1]
+    assert last.kind == Events.EVENT_KIND_COLLECTIVE_MISMATCH
+    import json
+
+    assert json.loads(last.details_json) == {"0": {"op": "all_reduce"}, "1": {"op": "broadcast"}}
+    assert list(last.ranks) == [0, 1]
