@@ -4,32 +4,36 @@ See API.md for the contract: ``collsvc.init()`` returns a :class:`Communicator`;
 act on the default one.
 """
 
-from collsvc._api import (
-    all_gather,
-    all_gather_object,
-    all_reduce,
-    all_to_all,
-    barrier,
-    broadcast,
-    broadcast_object,
-    default_communicator,
-    destroy,
-    find_group,
-    gather,
-    get_local_rank,
-    get_rank,
-    get_world_size,
-    init,
-    is_initialized,
-    new_group,
-    recv,
-    reduce,
-    reduce_scatter,
-    scatter,
-    send,
-)
-from collsvc.client.communicator import Communicator
-from collsvc.client.work import Work
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the public names, for type checkers and IDEs; loaded lazily at run time
+    from collsvc._api import (
+        all_gather,
+        all_gather_object,
+        all_reduce,
+        all_to_all,
+        barrier,
+        broadcast,
+        broadcast_object,
+        default_communicator,
+        destroy,
+        find_group,
+        gather,
+        get_local_rank,
+        get_rank,
+        get_world_size,
+        init,
+        is_initialized,
+        new_group,
+        recv,
+        reduce,
+        reduce_scatter,
+        scatter,
+        send,
+    )
+    from collsvc.client.communicator import Communicator
+    from collsvc.client.work import Work
+
 from collsvc.errors import (
     AbortedError,
     AuthenticationError,
@@ -42,6 +46,25 @@ from collsvc.errors import (
     ResourceLimitError,
 )
 from collsvc.types import ReduceOp
+
+_LAZY = {
+    "Communicator": "collsvc.client.communicator",
+    "Work": "collsvc.client.work",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # `collsvc run` imports this package; keep numpy/gRPC client machinery out of its start-up path.
+    import importlib
+
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if not name.startswith("__"):
+        api = importlib.import_module("collsvc._api")
+        if hasattr(api, name):
+            return getattr(api, name)
+    raise AttributeError(f"module 'collsvc' has no attribute {name!r}")
+
 
 SUM = ReduceOp.SUM
 PRODUCT = ReduceOp.PRODUCT

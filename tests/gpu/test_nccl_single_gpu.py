@@ -16,7 +16,7 @@ import pytest
 from collsvc.client.backends.base import Call, GroupSpec, Signature
 from collsvc.client.devices import cupy_available
 from collsvc.types import ReduceOp
-from tests.gpu.test_nccl_fake import CASES, KV, Barriers, Failure, assert_same, host_values, reference
+from tests.unit.test_nccl_fake import CASES, KV, Barriers, Failure, assert_same, host_values, reference
 
 pytestmark = [
     pytest.mark.gpu,

@@ -28,6 +28,7 @@ class Client:
         self.channel = grpc.insecure_channel(address)
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self.watches: list[Watch] = []
 
     def __call__(self, method: str, request: Any, timeout: float = CALL_TIMEOUT) -> Any:
         try:
@@ -40,7 +41,9 @@ class Client:
         request = pb.JoinRequest(job_id=job_id, world_size=world_size, timeout_s=timeout_s, **fields)
         return self("Join", request, timeout=timeout_s + 5)
 
-    def join_all(self, job_id: str, world_size: int, fields: Callable[[int], dict[str, Any]] | None = None) -> list[Any]:
+    def join_all(
+        self, job_id: str, world_size: int, fields: Callable[[int], dict[str, Any]] | None = None
+    ) -> list[Any]:
         """``world_size`` concurrent joins (threads); replies in the order of the join calls."""
         with ThreadPoolExecutor(world_size) as pool:
             futures = [
@@ -49,16 +52,27 @@ class Client:
             ]
             return [f.result() for f in futures]
 
+    def watch(self, job_id: str, reply: Any, progress: list[Any] | None = None) -> Watch:
+        """Opens a Watch stream for the member ``reply`` (a JoinResponse); closed with the client."""
+        stream = Watch(self, job_id, reply, progress)
+        self.watches.append(stream)
+        return stream
+
     def close(self) -> None:
+        for stream in self.watches:
+            stream.cancel()
         self.channel.close()
 
 
 class Watch:
     """One Watch stream: heartbeats go in through :meth:`send`, events come out of :meth:`next`."""
 
-    def __init__(self, client: Client, job_id: str, reply: Any) -> None:
+    def __init__(self, client: Client, job_id: str, reply: Any, progress: list[Any] | None = None) -> None:
         self._outbox: queue.Queue[Any] = queue.Queue()
-        self._outbox.put(pb.WatchRequest(job_id=job_id, rank=reply.rank, member_secret=reply.member_secret))
+        first = pb.WatchRequest(
+            job_id=job_id, rank=reply.rank, member_secret=reply.member_secret, progress=progress or []
+        )
+        self._outbox.put(first)
         self.events: queue.Queue[Any] = queue.Queue()
         self.call = client.stub.Watch(iter(self._outbox.get, None), metadata=client.metadata, timeout=30)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -82,6 +96,7 @@ class Watch:
         self._outbox.put(None)
 
     def cancel(self) -> None:
+        self._outbox.put(None)
         self.call.cancel()
 
 

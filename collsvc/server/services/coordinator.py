@@ -61,26 +61,33 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     async def Join(self, request: Any, context: Context) -> Any:
         rt = self.hub.find_or_create(request.job_id)
         job = rt.job
-        member = job.join(
-            world_size=request.world_size,
-            requested_rank=request.requested_rank if request.HasField("requested_rank") else None,
-            host=request.host,
-            peer_address=request.peer_address,
-            device=device_from_proto(request.device),
-            pid=request.pid,
-            local_rank_hint=request.local_rank_hint if request.HasField("local_rank_hint") else None,
-        )
+        try:
+            member = job.join(
+                world_size=request.world_size,
+                requested_rank=request.requested_rank if request.HasField("requested_rank") else None,
+                host=request.host,
+                peer_address=request.peer_address,
+                device=device_from_proto(request.device),
+                pid=request.pid,
+                local_rank_hint=request.local_rank_hint if request.HasField("local_rank_hint") else None,
+            )
+        except Exception:
+            self.hub.drop_if_finished(rt)  # a job this very request created must not linger
+            raise
         if job.complete and not rt.joined.is_set():
             rt.on_complete()
-        completed = False
         try:
             completed = await _wait(rt.joined, _wait_seconds(request.timeout_s, context))
-        finally:
-            if not completed and job.cancel_join(member):  # timed out or the caller went away
+        except BaseException:  # the caller went away: its place is free again
+            if job.cancel_join(member):
                 self.hub.drop_if_finished(rt)
+            raise
         if not completed:
+            joined = job.joined
+            if job.cancel_join(member):
+                self.hub.drop_if_finished(rt)
             raise RendezvousError(
-                f"job {job.job_id!r}: only {job.joined} of {request.world_size} members joined "
+                f"job {job.job_id!r}: only {joined} of {request.world_size} members joined "
                 f"within {request.timeout_s:g}s"
             )
         return rt.join_replies[member.rank]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from collsvc.proto.v1 import coordinator_pb2
@@ -61,7 +62,11 @@ def test_late_stream_replays_past_failures(clock: FakeClock) -> None:
     hub.fail(rt, [1], "crashed")
     hub.abort(rt, members[0], "user abort")
     kinds = [e.kind for e in _drain(hub.open_stream(rt, members[2]))]
-    assert kinds == [Events.EVENT_KIND_WATCHING, Events.EVENT_KIND_JOB_ABORTED, Events.EVENT_KIND_MEMBER_FAILED]
+    assert kinds == [
+        Events.EVENT_KIND_WATCHING,
+        Events.EVENT_KIND_JOB_ABORTED,
+        Events.EVENT_KIND_MEMBER_FAILED,
+    ]
 
 
 def test_broken_stream_without_leave_is_a_failure_but_after_leave_is_not(clock: FakeClock) -> None:
@@ -98,7 +103,5 @@ def test_mismatch_reports_are_merged_and_fanned_out(clock: FakeClock) -> None:
     hub.mismatch(rt, members[1], "ops differ", {"1": {"op": "broadcast"}})
     last = _drain(streams[0])[-1]
     assert last.kind == Events.EVENT_KIND_COLLECTIVE_MISMATCH
-    import json
-
     assert json.loads(last.details_json) == {"0": {"op": "all_reduce"}, "1": {"op": "broadcast"}}
     assert list(last.ranks) == [0, 1]

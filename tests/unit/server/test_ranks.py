@@ -44,7 +44,12 @@ def test_assignment_does_not_depend_on_arrival_order() -> None:
 
 
 def test_local_rank_hint_then_pid_order_within_a_host() -> None:
-    members = [("a", None, 1, 50, 0), ("a", None, 0, 60, 1), ("a", None, None, 10, 2), ("a", None, None, 5, 3)]
+    members = [
+        ("a", None, 1, 50, 0),
+        ("a", None, 0, 60, 1),
+        ("a", None, None, 10, 2),
+        ("a", None, None, 5, 3),
+    ]
     assert _ranks(members) == [1, 0, 3, 2]
 
 
@@ -56,7 +61,12 @@ def test_requested_ranks_are_honoured_and_others_fill_the_gaps() -> None:
 
 
 def test_host_with_requested_rank_extends_it_contiguously() -> None:
-    members = [("b", 2, None, 1, 0), ("b", None, None, 2, 1), ("a", None, None, 1, 2), ("a", None, None, 2, 3)]
+    members = [
+        ("b", 2, None, 1, 0),
+        ("b", None, None, 2, 1),
+        ("a", None, None, 1, 2),
+        ("a", None, None, 2, 3),
+    ]
     ranks = _ranks(members)
     assert ranks == [2, 3, 0, 1]
 
