@@ -82,13 +82,28 @@ def main() -> int:
         size_bytes = count * dtype.itemsize
         algbw = size_bytes / seconds / 1e9
         gb_moved = size_bytes * max(count_times, 1) / 1e9
-        rows.append({
-            "op": op, "ranks": n, "bytes": size_bytes, "count": count, "dtype": config["dtype"],
-            "seconds": seconds, "algbw": algbw, "busbw": algbw * bus_factor(op, n),
-            "cpu_s_per_gb": cpu / gb_moved if gb_moved else 0.0, "iters": count_times, "backend": comm.backend,
-        })
+        rows.append(
+            {
+                "op": op,
+                "ranks": n,
+                "bytes": size_bytes,
+                "count": count,
+                "dtype": config["dtype"],
+                "seconds": seconds,
+                "algbw": algbw,
+                "busbw": algbw * bus_factor(op, n),
+                "cpu_s_per_gb": cpu / gb_moved if gb_moved else 0.0,
+                "iters": count_times,
+                "backend": comm.backend,
+            }
+        )
         if comm.rank == 0 and config["progress"]:
-            print(f"\r[{index + 1}/{len(config['sizes'])}] {size_bytes} bytes", end="", file=sys.stderr, flush=True)
+            print(
+                f"\r[{index + 1}/{len(config['sizes'])}] {size_bytes} bytes",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
     if comm.rank == 0:
         if config["progress"]:
             print(file=sys.stderr)

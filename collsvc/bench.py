@@ -25,7 +25,7 @@ def parse_size(text: str) -> int:
     """``"4K"`` -> 4096. Raises ValueError for anything else."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = text[-1] if text and text[-1] in _UNITS else ""
-    number = text[: -1] if unit else text
+    number = text[:-1] if unit else text
     try:
         value = int(float(number) * _UNITS[unit])
     except ValueError:
@@ -58,8 +58,17 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def run_bench(
-    n: int, op: str, sizes: list[int], *, dtype: str = "float32", iters: int = 20, warmup: int = 3,
-    device: str = "cpu", backend: str = "auto", check: bool = False, progress: bool = False,
+    n: int,
+    op: str,
+    sizes: list[int],
+    *,
+    dtype: str = "float32",
+    iters: int = 20,
+    warmup: int = 3,
+    device: str = "cpu",
+    backend: str = "auto",
+    check: bool = False,
+    progress: bool = False,
     timeout: float = 600.0,
 ) -> list[dict[str, Any]]:
     """Runs the benchmark on ``n`` local ranks and returns one row per size.
@@ -75,23 +84,45 @@ def run_bench(
     port = coordinator.start()
     fd, result_path = tempfile.mkstemp(prefix="collsvc-bench-", suffix=".json")
     os.close(fd)
-    config = {"op": op, "sizes": sizes, "dtype": dtype, "iters": iters, "warmup": warmup, "device": device,
-              "check": check, "result": result_path, "progress": progress}
+    config = {
+        "op": op,
+        "sizes": sizes,
+        "dtype": dtype,
+        "iters": iters,
+        "warmup": warmup,
+        "device": device,
+        "check": check,
+        "result": result_path,
+        "progress": progress,
+    }
     procs = []
     try:
         for rank in range(n):
-            env = dict(os.environ, COLLSVC_COORDINATOR=f"127.0.0.1:{port}", COLLSVC_WORLD_SIZE=str(n),
-                       COLLSVC_RANK=str(rank), COLLSVC_LOCAL_RANK=str(rank), COLLSVC_TOKEN=token,
-                       COLLSVC_BENCH=json.dumps(config), COLLSVC_BACKEND=backend)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "collsvc._bench_worker"], env=env,
-                stdout=None if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE,
-            ))
+            env = dict(
+                os.environ,
+                COLLSVC_COORDINATOR=f"127.0.0.1:{port}",
+                COLLSVC_WORLD_SIZE=str(n),
+                COLLSVC_RANK=str(rank),
+                COLLSVC_LOCAL_RANK=str(rank),
+                COLLSVC_TOKEN=token,
+                COLLSVC_BENCH=json.dumps(config),
+                COLLSVC_BACKEND=backend,
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "collsvc._bench_worker"],
+                    env=env,
+                    stdout=None if rank == 0 else subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            )
         failures = []
         for rank, proc in enumerate(procs):
             _, err = proc.communicate(timeout=timeout)
             if proc.returncode:
-                failures.append(f"rank {rank} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
+                failures.append(
+                    f"rank {rank} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}"
+                )
         if failures:
             raise RuntimeError("benchmark failed:\n" + "\n".join(failures))
         with open(result_path, encoding="utf-8") as handle:
@@ -158,8 +189,16 @@ def main(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty() and not args.json
     try:
         rows = run_bench(
-            args.n, args.op, sizes, dtype=args.dtype, iters=args.iters, warmup=args.warmup,
-            device=args.device, backend=args.backend, check=args.check, progress=progress,
+            args.n,
+            args.op,
+            sizes,
+            dtype=args.dtype,
+            iters=args.iters,
+            warmup=args.warmup,
+            device=args.device,
+            backend=args.backend,
+            check=args.check,
+            progress=progress,
         )
     except RuntimeError as exc:
         print(f"collsvc bench: {exc}", file=sys.stderr)

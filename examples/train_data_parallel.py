@@ -43,7 +43,9 @@ def init_params() -> list[np.ndarray]:
     ]
 
 
-def loss_and_grads(params: list[np.ndarray], x: np.ndarray, y: np.ndarray, ready=None) -> tuple[float, list[np.ndarray]]:
+def loss_and_grads(
+    params: list[np.ndarray], x: np.ndarray, y: np.ndarray, ready=None
+) -> tuple[float, list[np.ndarray]]:
     """Mean squared error and its gradients; calls ``ready(g)`` as each gradient is computed."""
     w1, b1, w2, b2 = params
     hidden = np.tanh(x @ w1 + b1)
@@ -71,7 +73,7 @@ def train_single_process(epochs: int, lr: float) -> list[np.ndarray]:
     params = init_params()
     for _ in range(epochs):
         _, grads = loss_and_grads(params, x, y)
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=False):
             p -= lr * g
     return params
 
@@ -102,7 +104,7 @@ def main() -> int:
             bucketer(grads[i])
         bucketer.wait()
         mean_loss = float(comm.all_reduce(np.array([loss]), collsvc.AVG)[0])
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=False):
             p -= args.lr * g
         first_loss = mean_loss if epoch == 0 else first_loss
         last_loss = mean_loss
@@ -115,7 +117,7 @@ def main() -> int:
     ok = identical and last_loss < first_loss
     if rank == 0:
         reference = train_single_process(args.epochs, args.lr)
-        max_diff = max(float(np.max(np.abs(p - r))) for p, r in zip(params, reference))
+        max_diff = max(float(np.max(np.abs(p - r))) for p, r in zip(params, reference, strict=False))
         matches = max_diff < 1e-9
         ok = ok and matches
         print(f"loss fell from {first_loss:.5f} to {last_loss:.5f}", flush=True)

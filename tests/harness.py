@@ -139,7 +139,9 @@ def run_ranks(
         }
         if assign_ranks:
             child_env["COLLSVC_RANK"] = str(rank)
-        proc = ctx.Process(target=_child, args=(fn, rank, child_env, args, use_init, results, timeout), daemon=True)
+        proc = ctx.Process(
+            target=_child, args=(fn, rank, child_env, args, use_init, results, timeout), daemon=True
+        )
         proc.start()
         procs.append(proc)
     outcomes: dict[int, RankOutcome] = {}
@@ -150,16 +152,23 @@ def run_ranks(
             if remaining <= 0:
                 _dump_and_kill(procs)
                 missing = sorted(set(range(world_size)) - set(outcomes))
-                raise RankFailure(f"job timed out after {timeout:g}s; ranks {missing} never finished (stacks above)")
+                raise RankFailure(
+                    f"job timed out after {timeout:g}s; ranks {missing} never finished (stacks above)"
+                )
             try:
                 rank, status, payload = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:
                 for index, proc in enumerate(procs):
                     if index not in outcomes and proc.exitcode is not None and results.empty():
-                        outcomes[index] = RankOutcome(index, error=f"exited with code {proc.exitcode} without a result",
-                                                      exitcode=proc.exitcode)
+                        outcomes[index] = RankOutcome(
+                            index,
+                            error=f"exited with code {proc.exitcode} without a result",
+                            exitcode=proc.exitcode,
+                        )
                         if not allow_failures:
-                            raise RankFailure(f"rank {index} exited with code {proc.exitcode} without a result")
+                            raise RankFailure(
+                                f"rank {index} exited with code {proc.exitcode} without a result"
+                            ) from None
                 continue
             if status == "ok":
                 outcomes[rank] = RankOutcome(rank, value=payload)

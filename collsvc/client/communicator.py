@@ -58,7 +58,9 @@ class Communicator:
         self._inter: Communicator | None = None
 
     def __repr__(self) -> str:
-        return f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
+        return (
+            f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
+        )
 
     @property
     def global_ranks(self) -> tuple[int, ...]:
@@ -124,7 +126,9 @@ class Communicator:
         return rank
 
     # ---- collectives ------------------------------------------------------------------------------
-    def all_reduce(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+    def all_reduce(
+        self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Every rank gets the elementwise reduction of every rank's ``x``.
 
         Args:
@@ -139,7 +143,9 @@ class Communicator:
         """
         return ops.all_reduce(self, x, op, out=out, async_op=async_op)
 
-    def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+    def reduce(
+        self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
 
         Raises:
@@ -163,7 +169,9 @@ class Communicator:
         """
         return ops.all_gather(self, x, out=out, async_op=async_op)
 
-    def reduce_scatter(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+    def reduce_scatter(
+        self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False
+    ) -> Any:
         """Rank r gets block r (along axis 0) of the reduction.
 
         Raises:

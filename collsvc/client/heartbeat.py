@@ -125,7 +125,9 @@ class ProgressTracker:
         path = os.path.join(directory, f"collsvc-{job_id}-rank{rank}-{os.getpid()}.json")
         try:
             with open(path, "w", encoding="utf-8") as handle:
-                json.dump({"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1)
+                json.dump(
+                    {"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1
+                )
         except OSError as exc:
             log.warning("job %s rank %d: could not write flight recorder to %s: %s", job_id, rank, path, exc)
         for record in records[-8:]:
@@ -136,7 +138,7 @@ class ProgressTracker:
 def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
     """The exception a job event means for this process, or None for informational events."""
     ranks, hosts = list(event.ranks), list(event.hosts)
-    where = ", ".join(f"{r} ({h})" if h else str(r) for r, h in zip(ranks, hosts or [""] * len(ranks)))
+    where = ", ".join(f"{r} ({h})" if h else str(r) for r, h in zip(ranks, hosts or [""] * len(ranks), strict=False))
     if event.kind == Events.EVENT_KIND_MEMBER_FAILED:
         return RankFailedError(f"rank {where} failed: {event.reason}", ranks, hosts)
     if event.kind == Events.EVENT_KIND_MEMBER_LEFT:
@@ -237,7 +239,11 @@ class Watcher:
                 code = exc.code() if isinstance(exc, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
                 now = time.monotonic()
                 deadline = deadline or now + self._grace
-                retriable = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+                retriable = code in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.UNKNOWN,
+                )
                 if not retriable or now >= deadline:
                     cause: BaseException = (
                         error_from_rpc(exc, "heartbeat stream") if isinstance(exc, grpc.RpcError) else exc

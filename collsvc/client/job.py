@@ -63,7 +63,9 @@ def peer_binding(options: InitOptions) -> tuple[str, str]:
     coordinator_host, coordinator_port = split_address(options.coordinator)
     if options.advertise_address:
         advertised, _ = split_address(options.advertise_address)
-        return ("127.0.0.1" if _is_loopback(coordinator_host) and _is_loopback(advertised) else "0.0.0.0"), advertised
+        return (
+            "127.0.0.1" if _is_loopback(coordinator_host) and _is_loopback(advertised) else "0.0.0.0"
+        ), advertised
     if _is_loopback(coordinator_host):
         return "127.0.0.1", "127.0.0.1"
     try:
@@ -206,7 +208,9 @@ class Job:
             self.client.report(coordinator_pb2.EVENT_KIND_COLLECTIVE_MISMATCH, str(error), details)
         if self.failure.set(error):
             path = self.progress.dump(self.options.job_id, self.rank, error)
-            log.error("job %s rank %d: %s (recent collectives in %s)", self.options.job_id, self.rank, error, path)
+            log.error(
+                "job %s rank %d: %s (recent collectives in %s)", self.options.job_id, self.rank, error, path
+            )
         recorded = self.failure.error()
         return recorded if isinstance(recorded, CollsvcError) else error
 
@@ -215,7 +219,9 @@ class Job:
         try:
             not_started = self.client.progress(call.group.name, call.seq)
         except CollsvcError as exc:
-            log.warning("job %s rank %d: could not ask who is missing: %s", self.options.job_id, self.rank, exc)
+            log.warning(
+                "job %s rank %d: could not ask who is missing: %s", self.options.job_id, self.rank, exc
+            )
             not_started = []
         if not_started:
             waiting = not_started
@@ -223,7 +229,8 @@ class Job:
         for entry in waiting:
             entry.setdefault("host", hosts.get(int(entry["rank"]), ""))
         named = ", ".join(
-            f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})" for w in waiting
+            f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})"
+            for w in waiting
         )
         return CollectiveTimeoutError(
             f"{call.signature.op} #{call.seq} in group '{call.group.name}' timed out after "
@@ -258,11 +265,19 @@ def connect(options: InitOptions) -> Job:
     mailbox = Mailbox()
     bind_host, advertise_host = peer_binding(options)
     server = PeerServer(
-        bind_host, options.peer_port, mailbox, token=options.token, tls=options.tls,
+        bind_host,
+        options.peer_port,
+        mailbox,
+        token=options.token,
+        tls=options.tls,
         max_message_bytes=Limits().max_message_bytes,
     )
-    client = CoordinatorClient(options.coordinator, options.job_id, token=options.token, tls=options.tls, timeout=options.timeout)
-    peer_address = f"[{advertise_host}]:{server.port}" if ":" in advertise_host else f"{advertise_host}:{server.port}"
+    client = CoordinatorClient(
+        options.coordinator, options.job_id, token=options.token, tls=options.tls, timeout=options.timeout
+    )
+    peer_address = (
+        f"[{advertise_host}]:{server.port}" if ":" in advertise_host else f"{advertise_host}:{server.port}"
+    )
     started = time.monotonic()
     try:
         join = client.join(
@@ -282,8 +297,15 @@ def connect(options: InitOptions) -> Job:
         raise
     log.info(
         "job %s: joined as rank %d of %d on %s in %.3fs (peer endpoint %s)",
-        options.job_id, join.rank, join.world_size, options.host, time.monotonic() - started, peer_address,
+        options.job_id,
+        join.rank,
+        join.world_size,
+        options.host,
+        time.monotonic() - started,
+        peer_address,
     )
     if len(job.members) != options.world_size:
-        raise RendezvousError(f"coordinator returned {len(job.members)} members for a world of {options.world_size}")
+        raise RendezvousError(
+            f"coordinator returned {len(job.members)} members for a world of {options.world_size}"
+        )
     return job

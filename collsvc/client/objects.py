@@ -51,4 +51,7 @@ def all_gather_object(comm: Communicator, obj: Any) -> list[Any]:
     padded = np.zeros(width, dtype=np.uint8)
     padded[: payload.size] = payload
     rows = comm.all_gather(padded).reshape(comm.size, width)
-    return [obj if r == comm.rank else pickle.loads(rows[r, : int(lengths[r])].tobytes()) for r in range(comm.size)]
+    return [
+        obj if r == comm.rank else pickle.loads(rows[r, : int(lengths[r])].tobytes())
+        for r in range(comm.size)
+    ]

@@ -79,7 +79,9 @@ def _reduce_check(op: ReduceOp, a: Adapted) -> None:
 
 def _split_rows(shape: tuple[int, ...], size: int, what: str) -> tuple[int, ...]:
     if len(shape) == 0 or shape[0] % size:
-        raise ValueError(f"{what}: x.shape[0] must be divisible by the communicator size {size}, got shape {shape}")
+        raise ValueError(
+            f"{what}: x.shape[0] must be divisible by the communicator size {size}, got shape {shape}"
+        )
     return (shape[0] // size, *shape[1:])
 
 
@@ -116,7 +118,9 @@ def all_reduce(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: 
         backend.all_reduce(call, buf, op)
         return _finish(buf.reshape(a.shape), a, out, shared, dev)
 
-    return comm._issue(Signature("all_reduce", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev)
+    return comm._issue(
+        Signature("all_reduce", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev
+    )
 
 
 def broadcast(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -> Any:
@@ -131,17 +135,25 @@ def broadcast(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool)
         backend.broadcast(call, buf, src)
         return _finish(buf.reshape(a.shape), a, out, shared, dev)
 
-    return comm._issue(Signature("broadcast", a.dtype, a.shape, root=src), body, async_op=async_op, on_gpu=dev)
+    return comm._issue(
+        Signature("broadcast", a.dtype, a.shape, root=src), body, async_op=async_op, on_gpu=dev
+    )
 
 
 def _fused_in_place(
-    comm: Communicator, name: str, xs: Sequence[Any], out: Any, async_op: bool, *, op: ReduceOp | None = None,
+    comm: Communicator,
+    name: str,
+    xs: Sequence[Any],
+    out: Any,
+    async_op: bool,
+    *,
+    op: ReduceOp | None = None,
     root: int | None = None,
 ) -> Any:
     adapted, outs = _adapt_list(xs, out, name)
     if op is not None:
         _reduce_check(op, adapted[0])
-    for a, o, x in zip(adapted, outs, xs):
+    for a, o, x in zip(adapted, outs, xs, strict=False):
         _check_out(o, x, a.shape, a.dtype)
     dev = _on_device(comm, adapted[0])
     sizes = [int(np.prod(a.shape, dtype=np.int64)) for a in adapted]
@@ -151,7 +163,7 @@ def _fused_in_place(
     def body(call: Call, backend: Any) -> list[Any]:
         buf = _empty((total,), dtype, dev)
         offset = 0
-        for a, n in zip(adapted, sizes):
+        for a, n in zip(adapted, sizes, strict=False):
             buf[offset : offset + n] = _flat(a, dev)
             offset += n
         if op is not None:
@@ -159,7 +171,7 @@ def _fused_in_place(
         else:
             backend.broadcast(call, buf, root)
         results, offset = [], 0
-        for a, o, n, x in zip(adapted, outs, sizes, xs):
+        for a, o, n, x in zip(adapted, outs, sizes, xs, strict=False):
             piece = buf[offset : offset + n].reshape(a.shape)
             offset += n
             if o is not None and o is x:
@@ -193,7 +205,7 @@ def all_gather(comm: Communicator, x: Any, *, out: Any, async_op: bool) -> Any:
 def _all_gather_list(comm: Communicator, xs: Sequence[Any], out: Any, async_op: bool) -> Any:
     adapted, outs = _adapt_list(xs, out, "all_gather")
     shapes = [_gathered_shape(a.shape, comm.size) for a in adapted]
-    for o, a, s in zip(outs, adapted, shapes):
+    for o, a, s in zip(outs, adapted, shapes, strict=False):
         _check_out(o, None, s, a.dtype)
     dev = _on_device(comm, adapted[0])
     sizes = [int(np.prod(a.shape, dtype=np.int64)) for a in adapted]
@@ -203,19 +215,21 @@ def _all_gather_list(comm: Communicator, xs: Sequence[Any], out: Any, async_op: 
     def body(call: Call, backend: Any) -> list[Any]:
         src = _empty((total,), dtype, dev)
         offset = 0
-        for a, n in zip(adapted, sizes):
+        for a, n in zip(adapted, sizes, strict=False):
             src[offset : offset + n] = _flat(a, dev)
             offset += n
         gathered = _empty((comm.size, total), dtype, dev)
         backend.all_gather(call, src, gathered.reshape(-1))
         results, offset = [], 0
-        for a, o, n, shape in zip(adapted, outs, sizes, shapes):
+        for a, o, n, shape in zip(adapted, outs, sizes, shapes, strict=False):
             piece = gathered[:, offset : offset + n].reshape(shape)
             offset += n
             results.append(_finish(piece.copy(), a, o, False, dev))
         return results
 
-    return comm._issue(Signature("all_gather", dtype, (len(adapted), total)), body, async_op=async_op, on_gpu=dev)
+    return comm._issue(
+        Signature("all_gather", dtype, (len(adapted), total)), body, async_op=async_op, on_gpu=dev
+    )
 
 
 def gather(comm: Communicator, x: Any, dst: int, *, out: Any, async_op: bool) -> Any:
@@ -248,7 +262,9 @@ def reduce(comm: Communicator, x: Any, dst: int, op: ReduceOp, *, out: Any, asyn
         backend.reduce(call, buf, op, dst)
         return _finish(buf.reshape(a.shape), a, out, shared, dev) if is_root else None
 
-    return comm._issue(Signature("reduce", a.dtype, a.shape, op.name, dst), body, async_op=async_op, on_gpu=dev)
+    return comm._issue(
+        Signature("reduce", a.dtype, a.shape, op.name, dst), body, async_op=async_op, on_gpu=dev
+    )
 
 
 def reduce_scatter(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: bool) -> Any:
@@ -263,7 +279,9 @@ def reduce_scatter(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_
         backend.reduce_scatter(call, _flat(a, dev), result.reshape(-1), op)
         return _finish(result, a, out, False, dev)
 
-    return comm._issue(Signature("reduce_scatter", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev)
+    return comm._issue(
+        Signature("reduce_scatter", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev
+    )
 
 
 def scatter(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -> Any:
@@ -289,7 +307,9 @@ def scatter(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -
         like = a if a.source is not None else adapt(out)
         return _finish(result, like, out, False, dev)
 
-    return comm._issue(Signature("scatter", a.dtype, full_shape, root=src), body, async_op=async_op, on_gpu=dev)
+    return comm._issue(
+        Signature("scatter", a.dtype, full_shape, root=src), body, async_op=async_op, on_gpu=dev
+    )
 
 
 def all_to_all(comm: Communicator, x: Any, *, out: Any, async_op: bool) -> Any:
@@ -341,7 +361,13 @@ def recv(comm: Communicator, src: int, tag: int, *, out: Any, shape: Any, dtype:
     dev = _on_device(comm, a)
 
     def body(call: Call, backend: Any) -> Any:
-        if out is not None and not dev and not a.on_gpu and a.array.flags.c_contiguous and a.array.flags.writeable:
+        if (
+            out is not None
+            and not dev
+            and not a.on_gpu
+            and a.array.flags.c_contiguous
+            and a.array.flags.writeable
+        ):
             backend.recv(call, a.array.reshape(-1), 0)
             return out
         result = _empty(a.shape, a.dtype, dev)

@@ -42,7 +42,8 @@ def make_channel(address: str, tls: TlsFiles | None) -> grpc.Channel:
 
 def waiting_from_proto(entries: Any) -> list[dict[str, Any]]:
     return [
-        {"rank": w.rank, "host": w.host, "last_op": w.last_op, "finished_seq": w.finished_seq} for w in entries
+        {"rank": w.rank, "host": w.host, "last_op": w.last_op, "finished_seq": w.finished_seq}
+        for w in entries
     ]
 
 
@@ -53,7 +54,9 @@ class CoordinatorClient:
     :class:`~collsvc.errors.RendezvousError` when the coordinator cannot be reached in time.
     """
 
-    def __init__(self, address: str, job_id: str, *, token: str | None, tls: TlsFiles | None, timeout: float) -> None:
+    def __init__(
+        self, address: str, job_id: str, *, token: str | None, tls: TlsFiles | None, timeout: float
+    ) -> None:
         self.address = address
         self.job_id = job_id
         self.timeout = timeout
@@ -63,7 +66,9 @@ class CoordinatorClient:
         self.rank: int | None = None
         self.member_secret = ""
 
-    def _call(self, method: str, request: Any, what: str, *, timeout: float | None = None, wait: bool = False) -> Any:
+    def _call(
+        self, method: str, request: Any, what: str, *, timeout: float | None = None, wait: bool = False
+    ) -> Any:
         try:
             return getattr(self.stub, method)(
                 request, timeout=timeout or self.timeout, metadata=self.metadata, wait_for_ready=wait
@@ -114,7 +119,12 @@ class CoordinatorClient:
         request = coordinator_pb2.BarrierRequest(
             job_id=self.job_id, group=group, rank=rank, generation=generation, timeout_s=timeout
         )
-        reply = self._call("Barrier", request, f"barrier #{generation} of group '{group}'", timeout=timeout + SERVER_WAIT_MARGIN)
+        reply = self._call(
+            "Barrier",
+            request,
+            f"barrier #{generation} of group '{group}'",
+            timeout=timeout + SERVER_WAIT_MARGIN,
+        )
         if not reply.complete:
             waiting = waiting_from_proto(reply.waiting_on)
             ranks = [w["rank"] for w in waiting]
@@ -131,7 +141,11 @@ class CoordinatorClient:
         return waiting_from_proto(reply.not_started)
 
     def set(self, key: str, value: bytes) -> None:
-        self._call("SetKey", coordinator_pb2.SetKeyRequest(job_id=self.job_id, key=key, value=value), f"set key {key!r}")
+        self._call(
+            "SetKey",
+            coordinator_pb2.SetKeyRequest(job_id=self.job_id, key=key, value=value),
+            f"set key {key!r}",
+        )
 
     def get(self, key: str, timeout: float) -> bytes:
         """Waits up to ``timeout`` for ``key``.
@@ -146,17 +160,31 @@ class CoordinatorClient:
         return bytes(reply.value)
 
     def add(self, key: str, amount: int) -> int:
-        reply = self._call("AddKey", coordinator_pb2.AddKeyRequest(job_id=self.job_id, key=key, amount=amount), f"add {key!r}")
+        reply = self._call(
+            "AddKey",
+            coordinator_pb2.AddKeyRequest(job_id=self.job_id, key=key, amount=amount),
+            f"add {key!r}",
+        )
         return int(reply.value)
 
     def new_group(self, name: str, ranks: list[int]) -> None:
-        self._call("NewGroup", coordinator_pb2.NewGroupRequest(job_id=self.job_id, name=name, ranks=ranks), f"new group {name!r}")
+        self._call(
+            "NewGroup",
+            coordinator_pb2.NewGroupRequest(job_id=self.job_id, name=name, ranks=ranks),
+            f"new group {name!r}",
+        )
 
     def find_group(self, name: str) -> list[int]:
-        reply = self._call("FindGroup", coordinator_pb2.FindGroupRequest(job_id=self.job_id, name=name), f"find group {name!r}")
+        reply = self._call(
+            "FindGroup",
+            coordinator_pb2.FindGroupRequest(job_id=self.job_id, name=name),
+            f"find group {name!r}",
+        )
         return list(reply.ranks) if reply.found else []
 
-    def report(self, kind: int, reason: str, details: dict[str, Any] | None = None, ranks: list[int] | None = None) -> None:
+    def report(
+        self, kind: int, reason: str, details: dict[str, Any] | None = None, ranks: list[int] | None = None
+    ) -> None:
         """Tells the coordinator about a failure so that it reaches every member (best effort, short deadline)."""
         request = coordinator_pb2.ReportFailureRequest(
             job_id=self.job_id,
@@ -170,13 +198,17 @@ class CoordinatorClient:
         try:
             self._call("ReportFailure", request, "report failure", timeout=min(self.timeout, 5.0))
         except Exception as exc:  # noqa: BLE001 - reporting must never mask the error being reported
-            log.warning("job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc)
+            log.warning(
+                "job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc
+            )
 
     def leave(self) -> None:
         """Leaves the job cleanly (best effort, short deadline)."""
         if self.rank is None:
             return
-        request = coordinator_pb2.LeaveRequest(job_id=self.job_id, rank=self.rank, member_secret=self.member_secret)
+        request = coordinator_pb2.LeaveRequest(
+            job_id=self.job_id, rank=self.rank, member_secret=self.member_secret
+        )
         deadline = time.monotonic() + min(self.timeout, 5.0)
         try:
             self._call("Leave", request, "leave", timeout=max(deadline - time.monotonic(), 0.1))

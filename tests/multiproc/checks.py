@@ -12,8 +12,21 @@ import collsvc
 from collsvc.types import BFLOAT16, ReduceOp
 
 DTYPES = [
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
 ]
 
 
@@ -81,7 +94,9 @@ def assert_close(got: np.ndarray, expected: np.ndarray, dtype: str, what: str, s
         return
     tol = {"float16": 2e-2, "bfloat16": 8e-2, "float32": 1e-5, "complex64": 1e-5}.get(dtype, 1e-12)
     g = got.astype(np.complex128 if kind == "c" else np.float64)
-    assert np.allclose(g, expected, rtol=tol, atol=tol * size), f"{what}: max error {np.max(np.abs(g - expected))}"
+    assert np.allclose(g, expected, rtol=tol, atol=tol * size), (
+        f"{what}: max error {np.max(np.abs(g - expected))}"
+    )
 
 
 def digest(array: Any) -> str:

@@ -10,15 +10,31 @@ from collsvc.types import BFLOAT16, ReduceOp, check_op_dtype
 
 
 def resolve(env: dict[str, str], **kw: object) -> object:
-    args = {"coordinator": None, "world_size": None, "rank": None, "backend": "auto", "timeout": 10.0,
-            "token": None, "job_id": None}
+    args = {
+        "coordinator": None,
+        "world_size": None,
+        "rank": None,
+        "backend": "auto",
+        "timeout": 10.0,
+        "token": None,
+        "job_id": None,
+    }
     args.update(kw)
     return resolve_init(env=env, **args)  # type: ignore[arg-type]
 
 
 def test_ours_win_over_torchrun_and_mpi() -> None:
-    env = {"COLLSVC_COORDINATOR": "a:1", "MASTER_ADDR": "b", "MASTER_PORT": "2", "COLLSVC_WORLD_SIZE": "4",
-           "WORLD_SIZE": "8", "RANK": "3", "OMPI_COMM_WORLD_RANK": "1", "LOCAL_RANK": "1", "COLLSVC_TOKEN": "t"}
+    env = {
+        "COLLSVC_COORDINATOR": "a:1",
+        "MASTER_ADDR": "b",
+        "MASTER_PORT": "2",
+        "COLLSVC_WORLD_SIZE": "4",
+        "WORLD_SIZE": "8",
+        "RANK": "3",
+        "OMPI_COMM_WORLD_RANK": "1",
+        "LOCAL_RANK": "1",
+        "COLLSVC_TOKEN": "t",
+    }
     o = resolve(env)
     assert (o.coordinator, o.world_size, o.rank, o.local_rank_hint, o.token) == ("a:1", 4, 3, 1, "t")
 
@@ -27,10 +43,16 @@ def test_ours_win_over_torchrun_and_mpi() -> None:
     "env, expected",
     [
         ({"MASTER_ADDR": "m", "MASTER_PORT": "5", "WORLD_SIZE": "2", "RANK": "1"}, ("m:5", 2, 1)),
-        ({"COLLSVC_COORDINATOR": "c:1", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"}, ("c:1", 3, 2)),
+        (
+            {"COLLSVC_COORDINATOR": "c:1", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"},
+            ("c:1", 3, 2),
+        ),
         ({"COLLSVC_COORDINATOR": "c:1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}, ("c:1", 2, 0)),
         ({"COLLSVC_COORDINATOR": "c:1", "PMI_SIZE": "2", "PMI_RANK": "1"}, ("c:1", 2, 1)),
-        ({"COLLSVC_COORDINATOR": "c:1", "COLLSVC_WORLD_SIZE": "4", "JOB_COMPLETION_INDEX": "3"}, ("c:1", 4, 3)),
+        (
+            {"COLLSVC_COORDINATOR": "c:1", "COLLSVC_WORLD_SIZE": "4", "JOB_COMPLETION_INDEX": "3"},
+            ("c:1", 4, 3),
+        ),
         ({"COLLSVC_COORDINATOR": "c:1", "COLLSVC_WORLD_SIZE": "4"}, ("c:1", 4, None)),
     ],
 )
@@ -52,8 +74,14 @@ def test_missing_coordinator_names_the_variables() -> None:
 
 def test_op_dtype_rules() -> None:
     check_op_dtype(ReduceOp.BXOR, np.dtype(bool))
-    for op, dtype in [(ReduceOp.BAND, "float32"), (ReduceOp.MIN, "complex64"), (ReduceOp.AVG, "int32"),
-                      (ReduceOp.AVG, "bool"), (ReduceOp.SUM, "U3"), ("sum", "float32")]:
+    for op, dtype in [
+        (ReduceOp.BAND, "float32"),
+        (ReduceOp.MIN, "complex64"),
+        (ReduceOp.AVG, "int32"),
+        (ReduceOp.AVG, "bool"),
+        (ReduceOp.SUM, "U3"),
+        ("sum", "float32"),
+    ]:
         with pytest.raises(TypeError):
             check_op_dtype(op, np.dtype(dtype))  # type: ignore[arg-type]
 

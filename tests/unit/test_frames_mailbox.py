@@ -11,7 +11,9 @@ from collsvc.errors import RankFailedError
 
 
 def frame(payload: bytes, **kw: int) -> bytes:
-    header = frames.encode_header(kw.get("src", 1), 42, kw.get("seq", 3), kw.get("step", 5), 99, b'{"op":"x"}', len(payload))
+    header = frames.encode_header(
+        kw.get("src", 1), 42, kw.get("seq", 3), kw.get("step", 5), 99, b'{"op":"x"}', len(payload)
+    )
     return header + payload
 
 

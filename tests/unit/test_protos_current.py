@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PINNED = re.search(r'grpcio-tools==([0-9.]+)', (ROOT / "pyproject.toml").read_text()).group(1)  # type: ignore[union-attr]
+PINNED = re.search(r"grpcio-tools==([0-9.]+)", (ROOT / "pyproject.toml").read_text()).group(1)  # type: ignore[union-attr]
 
 
 def test_generated_code_is_current(tmp_path: Path) -> None:

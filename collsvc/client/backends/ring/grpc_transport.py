@@ -86,7 +86,9 @@ class PeerServer:
         self._expected = f"Bearer {token}".encode() if token else None
         self._max_payload = max_message_bytes
         options = [("grpc.so_reuseport", 0), *message_options(max_message_bytes + 8192)]
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="collsvc-peer"), options=options)
+        self._server = grpc.server(
+            ThreadPoolExecutor(max_workers=8, thread_name_prefix="collsvc-peer"), options=options
+        )
         handlers = {"Deliver": grpc.unary_unary_rpc_method_handler(self._deliver)}
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         address = f"[{bind_host}]:{port}" if ":" in bind_host else f"{bind_host}:{port}"
@@ -172,14 +174,18 @@ class GrpcTransport:
                 else:
                     channel = grpc.insecure_channel(address, options=options)
                 self._channels[rank] = channel
-                self._senders[rank] = channel.unary_unary(DELIVER, request_serializer=None, response_deserializer=None)
+                self._senders[rank] = channel.unary_unary(
+                    DELIVER, request_serializer=None, response_deserializer=None
+                )
             return self._senders[rank]
 
     def channel(self, call: Call) -> GrpcChannel:
         """A :class:`~collsvc.client.backends.base.Channel` for one call."""
         return GrpcChannel(self, call)
 
-    def send_frame(self, dst: int, data: bytes, deadline: float, on_error: Callable[[CollsvcError], None]) -> grpc.Future[bytes]:
+    def send_frame(
+        self, dst: int, data: bytes, deadline: float, on_error: Callable[[CollsvcError], None]
+    ) -> grpc.Future[bytes]:
         """Starts delivering ``data`` to global rank ``dst``; returns the call's future."""
         timeout = max(deadline - time.monotonic(), 0.001)
         future = self._sender(dst).future(data, timeout=timeout, metadata=self._metadata)
@@ -240,7 +246,9 @@ class GrpcChannel:
             self._transport.rank, self._key, self._call.seq, step, self._digest, self._signature, view.nbytes
         )
         data = b"".join((header, view))
-        self._pending.append(self._transport.send_frame(self._ranks[dst], data, self._call.deadline, self._record))
+        self._pending.append(
+            self._transport.send_frame(self._ranks[dst], data, self._call.deadline, self._record)
+        )
 
     def recv(self, src: int, step: int) -> memoryview:
         src_rank = self._ranks[src]
@@ -273,7 +281,9 @@ class GrpcChannel:
         self._pending.clear()
 
 
-def mismatch_error(call: Call, my_rank: int, other_rank: int, other_signature: bytes) -> CollectiveMismatchError:
+def mismatch_error(
+    call: Call, my_rank: int, other_rank: int, other_signature: bytes
+) -> CollectiveMismatchError:
     """The error for a frame whose sender called something else at the same sequence number."""
     import json
 

@@ -201,7 +201,9 @@ class Doorbell:
             poll.poll(_remaining_ms(deadline))
             self._drain()
 
-    def wait(self, ready: Callable[[], bool], deadline: float, check: Callable[[], None], spin: float) -> bool:
+    def wait(
+        self, ready: Callable[[], bool], deadline: float, check: Callable[[], None], spin: float
+    ) -> bool:
         """Drains messages until ``ready()``; polls for ``spin`` seconds before it blocks.
 
         Returns:
@@ -264,7 +266,9 @@ class Doorbell:
         """Interrupts a blocked :meth:`wait` (safe from any thread)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             try:
-                sock.sendto(HEADER.pack(WAKE, self._rank, 0), socket.MSG_DONTWAIT, self._inbox_name(self._rank))
+                sock.sendto(
+                    HEADER.pack(WAKE, self._rank, 0), socket.MSG_DONTWAIT, self._inbox_name(self._rank)
+                )
             except OSError:  # a full inbox wakes the waiter anyway; a closed one has no waiter
                 pass
 

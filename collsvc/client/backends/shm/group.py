@@ -151,6 +151,16 @@ class LocalGroup:
         self._segments = [segments[r] for r in range(self._size)]
         logger.debug("%s: joined", self._name)
 
+    @property
+    def rank(self) -> int:
+        """This rank's local rank."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """The number of local ranks."""
+        return self._size
+
     # -- public collectives ----------------------------------------------------------------------
 
     def all_reduce(self, buf: np.ndarray, op: ReduceOp, deadline: float, *, digest: int = 0) -> None:
@@ -264,7 +274,9 @@ class LocalGroup:
                 slot = self._own(flat.dtype).inputs[parity]
                 for rank in range(n):
                     if rank != me:
-                        np.copyto(slot[rank * block : rank * block + hi - lo], flat[rank * m + lo : rank * m + hi])
+                        np.copyto(
+                            slot[rank * block : rank * block + hi - lo], flat[rank * m + lo : rank * m + hi]
+                        )
                 self._step(deadline, body if index == 0 else None)
                 parts = [
                     flat[me * m + lo : me * m + hi]

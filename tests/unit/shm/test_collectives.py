@@ -1,0 +1,180 @@
+"""LocalGroup collectives on 1-4 thread ranks against numpy, bit for bit, across dtypes and sizes."""
+
+from __future__ import annotations
+
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from collsvc.client.backends.shm import LocalGroup
+from collsvc.types import ReduceOp, check_op_dtype
+from tests.unit.shm.threads import run_group
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(bool), np.dtype(np.int32), np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.complex64)]
+# 4096-byte slots: 0 and 1 are edge cases, 7 is uneven, 2500 x 4 bytes spans several rounds.
+LENGTHS = [0, 1, 7, 2500]
+UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
+}
+
+
+def allowed_ops(dtype: np.dtype) -> list[ReduceOp]:
+    ops = []
+    for op in ReduceOp:
+        try:
+            check_op_dtype(op, dtype)
+        except TypeError:
+            continue
+        ops.append(op)
+    return ops
+
+
+def make(rank: int, dtype: np.dtype, length: int, salt: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([rank, length, salt])
+    if dtype.kind == "b":
+        return rng.integers(0, 2, length).astype(bool)
+    if dtype.kind in "iu":
+        return rng.integers(-3, 4, length).astype(dtype)
+    values = rng.uniform(0.5, 1.5, length)
+    if dtype.kind == "c":
+        values = values + 1j * rng.uniform(-1, 1, length)
+    return values.astype(dtype)
+
+
+def reference(op: ReduceOp, inputs: list[np.ndarray]) -> np.ndarray:
+    """Combined in rank order in the dtype itself: the exact bits LocalGroup must produce."""
+    ufunc = UFUNCS[op]
+    if inputs[0].dtype.kind == "b" and op in (ReduceOp.SUM, ReduceOp.PRODUCT):
+        ufunc = np.logical_or if op is ReduceOp.SUM else np.logical_and
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        ufunc(acc, x, out=acc)
+    if op is ReduceOp.AVG and len(inputs) > 1:
+        np.divide(acc, len(inputs), out=acc)
+    return acc
+
+
+def same_bits(got: np.ndarray, expected: np.ndarray) -> bool:
+    return got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+
+
+def every_collective(group: LocalGroup) -> int:
+    n, me, checks = group.size, group.rank, 0
+    for dtype in DTYPES:
+        for length in LENGTHS:
+            for op in allowed_ops(dtype):
+                inputs = [make(r, dtype, length) for r in range(n)]
+                expected = reference(op, inputs)
+                buf = inputs[me].copy()
+                group.all_reduce(buf, op, time.monotonic() + 5)
+                assert same_bits(buf, expected), f"all_reduce {dtype} {op} {length}"
+                root = checks % n
+                buf = inputs[me].copy()
+                group.reduce(buf, op, root, time.monotonic() + 5)
+                assert same_bits(buf, expected if me == root else inputs[me]), f"reduce {dtype} {op} {length}"
+                rows = [make(r, dtype, n * length, salt=1) for r in range(n)]
+                out = np.empty(length, dtype)
+                group.reduce_scatter(rows[me], out, op, time.monotonic() + 5)
+                full = reference(op, rows)
+                assert same_bits(out, full[me * length : (me + 1) * length]), f"reduce_scatter {dtype} {op}"
+                checks += 1
+            mine = make(me, dtype, length, salt=2)
+            gathered = np.empty(n * length, dtype)
+            group.all_gather(mine, gathered, time.monotonic() + 5)
+            parts = [make(r, dtype, length, salt=2) for r in range(n)]
+            assert same_bits(gathered, np.concatenate(parts)), f"all_gather {dtype} {length}"
+            for root in range(n):
+                buf = make(me, dtype, length, salt=3)
+                group.broadcast(buf, root, time.monotonic() + 5)
+                assert same_bits(buf, make(root, dtype, length, salt=3)), f"broadcast {dtype} root {root}"
+            group.barrier(time.monotonic() + 5)
+    return checks
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_every_collective_matches_numpy_bit_for_bit(size: int) -> None:
+    checks = run_group(size, every_collective)
+    assert checks == [checks[0]] * size and checks[0] > 0
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_large_arrays_take_many_rounds_and_stay_identical_everywhere(size: int) -> None:
+    length = 300_001  # float64 over 4 KiB slots: 586 rounds, uneven per rank
+
+    def work(group: LocalGroup) -> bytes:
+        buf = make(group.rank, np.dtype(np.float64), length)
+        group.all_reduce(buf, ReduceOp.AVG, time.monotonic() + 10)
+        expected = reference(ReduceOp.AVG, [make(r, np.dtype(np.float64), length) for r in range(size)])
+        assert same_bits(buf, expected)
+        return buf.tobytes()
+
+    values = run_group(size, work)
+    assert all(v == values[0] for v in values)
+
+
+def test_direct_and_pipelined_paths_agree() -> None:
+    # 32 KiB slots: 1000 float32 take the one-barrier path, 100_000 the pipelined one.
+    def work(group: LocalGroup) -> None:
+        for length in (1000, 100_000):
+            inputs = [make(r, np.dtype(np.float32), length) for r in range(group.size)]
+            buf = inputs[group.rank].copy()
+            group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5)
+            assert same_bits(buf, reference(ReduceOp.SUM, inputs))
+
+    run_group(4, work, slot_bytes=32 << 10)
+
+
+def test_in_place_all_gather_and_overlapping_reduce_scatter() -> None:
+    def work(group: LocalGroup) -> None:
+        n, me, m = group.size, group.rank, 1500
+        out = np.zeros(n * m, np.int64)
+        out[me * m : (me + 1) * m] = me + 1
+        group.all_gather(out[me * m : (me + 1) * m], out, time.monotonic() + 5)
+        assert np.array_equal(out, np.repeat(np.arange(1, n + 1), m))
+        src = np.arange(n * m, dtype=np.int64) + me
+        group.reduce_scatter(src, src[:m], ReduceOp.SUM, time.monotonic() + 5)
+        expected = n * np.arange(me * m, (me + 1) * m) + sum(range(n))
+        assert np.array_equal(src[:m], expected)
+
+    run_group(3, work)
+
+
+def test_multidimensional_contiguous_arrays_are_used_flat() -> None:
+    def work(group: LocalGroup) -> None:
+        buf = np.full((3, 5), group.rank + 1.0)
+        group.all_reduce(buf, ReduceOp.MAX, time.monotonic() + 5)
+        assert buf.shape == (3, 5) and (buf == group.size).all()
+
+    run_group(2, work)
+
+
+def test_bad_arguments_fail_locally_before_anything_is_shared() -> None:
+    with LocalGroup("unused", 0, 1, timeout=1) as group:
+        with pytest.raises(ValueError):
+            group.all_reduce(np.arange(10.0)[::2], ReduceOp.SUM, time.monotonic() + 1)
+        with pytest.raises(TypeError):
+            group.all_reduce(np.arange(4.0), ReduceOp.BAND, time.monotonic() + 1)
+        with pytest.raises(ValueError):
+            group.broadcast(np.arange(4.0), 1, time.monotonic() + 1)
+        with pytest.raises(ValueError):
+            group.all_gather(np.arange(4.0), np.empty(5), time.monotonic() + 1)
+        with pytest.raises(TypeError):
+            group.reduce_scatter(np.arange(4.0), np.empty(4, np.float32), ReduceOp.SUM, time.monotonic() + 1)
+        readonly = np.arange(3.0)
+        readonly.flags.writeable = False
+        with pytest.raises(ValueError):
+            group.all_reduce(readonly, ReduceOp.SUM, time.monotonic() + 1)
+    with pytest.raises(ValueError):
+        LocalGroup("x", 2, 2, timeout=1)
+    with pytest.raises(ValueError):
+        LocalGroup("x", 0, 2, slot_bytes=100, timeout=1)
