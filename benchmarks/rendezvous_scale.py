@@ -44,9 +44,7 @@ def _coordinator(port_queue: Any, stop_event: Any) -> None:
     asyncio.run(main())
 
 
-def _worker(
-    address: str, job_id: str, ranks: int, world_size: int, channels: int, go: Any, results: Any
-) -> None:
+def _worker(address: str, job_id: str, ranks: int, world_size: int, channels: int, go: Any, results: Any) -> None:
     import grpc
 
     from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -122,9 +120,7 @@ def run_once(address: str, job_id: str, world_size: int, procs: int, channels: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, required=True, help="simulated ranks in the job")
     parser.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
     parser.add_argument("--channels", type=int, default=4, help="channels per client process (default 4)")

@@ -88,18 +88,14 @@ def _run(target: Any, size: int, extra: tuple[Any, ...]) -> dict[int, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes", nargs="+", default=["4K", "1M", "16M", "64M"])
     parser.add_argument("--slot", default="4M", help="LocalGroup slot_bytes")
     parser.add_argument("--no-gloo", action="store_true", help="skip torch gloo")
     args = parser.parse_args()
     sizes = [_parse_size(s) for s in args.sizes]
-    print(
-        f"{'ranks':>5} {'bytes':>10} {'collsvc ms':>11} {'busbw GB/s':>11} {'gloo ms':>9} {'busbw GB/s':>11}"
-    )
+    print(f"{'ranks':>5} {'bytes':>10} {'collsvc ms':>11} {'busbw GB/s':>11} {'gloo ms':>9} {'busbw GB/s':>11}")
     for size in args.ranks:
         ours = _run(_collsvc_rank, size, (uuid.uuid4().hex, sizes, _parse_size(args.slot)))
         theirs: dict[int, float] = {}
@@ -110,9 +106,7 @@ def main() -> None:
             factor = 2 * (size - 1) / size * nbytes / 1e9
             gloo = theirs.get(nbytes)
             gloo_text = f"{gloo * 1e3:9.3f} {factor / gloo:11.2f}" if gloo else f"{'-':>9} {'-':>11}"
-            print(
-                f"{size:5d} {nbytes:10d} {ours[nbytes] * 1e3:11.3f} {factor / ours[nbytes]:11.2f} {gloo_text}"
-            )
+            print(f"{size:5d} {nbytes:10d} {ours[nbytes] * 1e3:11.3f} {factor / ours[nbytes]:11.2f} {gloo_text}")
 
 
 if __name__ == "__main__":

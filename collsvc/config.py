@@ -13,6 +13,9 @@
 Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this rank),
 ``COLLSVC_HOST`` (the host name used to group ranks into nodes), ``COLLSVC_TOKEN_FILE``,
 ``COLLSVC_TLS_CERT``/``COLLSVC_TLS_KEY``/``COLLSVC_TLS_CA``, ``COLLSVC_HEARTBEAT_INTERVAL``,
+``COLLSVC_COORDINATOR_GRACE`` (seconds a member keeps retrying a lost coordinator before failing, default 20),
+``COLLSVC_SHM`` (``0`` turns off shared memory between ranks of one host),
+``COLLSVC_HIERARCHICAL`` (``auto``, ``always`` or ``never``: hierarchical all_reduce across hosts),
 ``COLLSVC_PEER_PORT`` (the port this rank's peer endpoint binds, default any free port),
 ``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE`` (``1`` lets object collectives unpickle in a job with neither
 token nor TLS; refused by default).
@@ -58,6 +61,13 @@ def _int_from(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
         return int(value)
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    value = env.get(name) or choices[0]
+    if value not in choices:
+        raise ValueError(f"environment variable {name}={value!r} must be one of {', '.join(choices)}")
+    return value
 
 
 def coordinator_from_env(env: Mapping[str, str]) -> str | None:
@@ -150,4 +160,7 @@ def resolve_init(
         heartbeat_interval=heartbeat,
         allow_pickle=env.get("COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE", "0") == "1",
         peer_port=_int_from(env, ("COLLSVC_PEER_PORT",)) or 0,
+        coordinator_grace=float(env.get("COLLSVC_COORDINATOR_GRACE", "20")),
+        shared_memory=env.get("COLLSVC_SHM", "1") != "0",
+        hierarchical=_choice(env, "COLLSVC_HIERARCHICAL", ("auto", "always", "never")),
     )

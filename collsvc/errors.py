@@ -188,7 +188,7 @@ def error_from_rpc(exc: grpc.RpcError, what: str) -> CollsvcError | ValueError:
     reason_name = meta.get(REASON_METADATA_KEY)
     message = f"{what}: {detail}"
     if reason_name:
-        reason = Reason.Value(reason_name) if reason_name in Reason else 0
+        reason = Reason.Value(reason_name) if reason_name in Reason.keys() else 0  # noqa: SIM118 - protobuf enum wrapper
         if reason in (Reason.ERROR_REASON_INVALID_ARGUMENT, Reason.ERROR_REASON_NOT_FOUND):
             return ValueError(message)
         raw = meta.get(DETAILS_METADATA_KEY, "")

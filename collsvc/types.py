@@ -155,3 +155,6 @@ class InitOptions:
     heartbeat_interval: float = 1.0
     allow_pickle: bool = False
     peer_port: int = 0
+    coordinator_grace: float = 20.0
+    shared_memory: bool = True
+    hierarchical: str = "auto"

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from collsvc.client.backends.base import Call
-from collsvc.client.backends.ring.backend import RingBackend
+from collsvc.client.backends.ring.backend import LocalGroups, RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.heartbeat import FailureState, ProgressTracker, Watcher
@@ -120,7 +120,15 @@ class Job:
             tls=options.tls,
             max_message_bytes=Limits().max_message_bytes,
         )
-        self.ring = RingBackend(self.transport.channel)
+        local_groups = None
+        if options.shared_memory:
+            local_groups = LocalGroups(f"{options.job_id}|{join.job_incarnation}", options.timeout)
+        self.ring = RingBackend(
+            self.transport.channel,
+            hosts=self.hosts,
+            local_groups=local_groups,
+            hierarchical=options.hierarchical,
+        )
         self.nccl: Any = None
         self.backend_name = "ring"
         self.watcher = Watcher(
@@ -130,6 +138,7 @@ class Job:
             progress=self.progress,
             failure=self.failure,
             departed=self._departed,
+            coordinator_grace=options.coordinator_grace,
         )
         self.departed: dict[int, RankFailedError] = {}
         self.closed = False
@@ -189,6 +198,7 @@ class Job:
         self.mailbox.depart(ranks, error)
 
     def _abort_backends(self, error: BaseException) -> None:
+        self.ring.abort(error)
         if self.nccl is not None:
             self.nccl.abort(error)
 
@@ -248,6 +258,7 @@ class Job:
         self.executor.shutdown()
         if self.nccl is not None:
             self.nccl.close()
+        self.ring.close()
         self.transport.close()
         self.server.stop()
         self.client.close()

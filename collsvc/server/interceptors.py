@@ -32,9 +32,7 @@ from collsvc.server.state.common import NotFoundError
 log = logging.getLogger(__name__)
 
 COORDINATOR_PREFIX = "/collsvc.proto.v1.Coordinator/"
-UNAUTHENTICATED_MESSAGE = (
-    "authentication failed: missing or wrong token (expected 'authorization: Bearer <token>')"
-)
+UNAUTHENTICATED_MESSAGE = "authentication failed: missing or wrong token (expected 'authorization: Bearer <token>')"
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 _Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])

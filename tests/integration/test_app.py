@@ -44,9 +44,7 @@ def test_serve_runs_until_stopped() -> None:
         task = asyncio.create_task(serve(CoordinatorOptions(port=0), ready=ready.set_result, stop=stop))
         port = await asyncio.wait_for(ready, 10)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            answer = await health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=5
-            )
+            answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -92,7 +90,5 @@ def test_rank_failure_maps_back_with_ranks_and_hosts(start_coordinator: Callable
     assert error.ranks == [1] and error.hosts == ["node1"] and "segv" in str(error)
 
     with pytest.raises(grpc.RpcError) as info:
-        client.stub.Join(
-            pb.JoinRequest(job_id="j", world_size=5, timeout_s=1), metadata=client.metadata, timeout=5
-        )
+        client.stub.Join(pb.JoinRequest(job_id="j", world_size=5, timeout_s=1), metadata=client.metadata, timeout=5)
     assert isinstance(error_from_rpc(info.value, "join"), RendezvousError)

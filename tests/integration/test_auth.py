@@ -71,9 +71,7 @@ def test_reason_metadata_is_attached(start_coordinator: Callable[..., Any], toke
     _, client = start_coordinator(token=token)
     client.join_all("j", 1)
     with pytest.raises(grpc.RpcError) as info:
-        client.stub.Join(
-            pb.JoinRequest(job_id="j", world_size=1, timeout_s=1), metadata=client.metadata, timeout=5
-        )
+        client.stub.Join(pb.JoinRequest(job_id="j", world_size=1, timeout_s=1), metadata=client.metadata, timeout=5)
     meta = dict(info.value.trailing_metadata())
     assert meta[REASON_METADATA_KEY] == "ERROR_REASON_RENDEZVOUS"
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -25,13 +25,9 @@ def test_set_get_add_compare_set_delete_before_anyone_joined(client: Client) -> 
     assert client("AddKey", pb.AddKeyRequest(job_id="early", key="n", amount=4)).value == 7
     assert client("GetKey", pb.GetKeyRequest(job_id="early", key="n")).value == b"7"
 
-    swap = client(
-        "CompareSetKey", pb.CompareSetKeyRequest(job_id="early", key="c", expect_absent=True, desired=b"a")
-    )
+    swap = client("CompareSetKey", pb.CompareSetKeyRequest(job_id="early", key="c", expect_absent=True, desired=b"a"))
     assert (swap.swapped, swap.value) == (True, b"a")
-    swap = client(
-        "CompareSetKey", pb.CompareSetKeyRequest(job_id="early", key="c", expected=b"x", desired=b"b")
-    )
+    swap = client("CompareSetKey", pb.CompareSetKeyRequest(job_id="early", key="c", expected=b"x", desired=b"b"))
     assert (swap.swapped, swap.value) == (False, b"a")
     assert client("DeleteKey", pb.DeleteKeyRequest(job_id="early", key="c")).deleted
     assert not client("DeleteKey", pb.DeleteKeyRequest(job_id="early", key="c")).deleted

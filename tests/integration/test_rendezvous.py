@@ -11,9 +11,7 @@ from collsvc.proto.v1 import coordinator_pb2 as pb
 from .conftest import Client, expect_error
 
 
-def _barrier_all(
-    client: Client, job_id: str, ranks: list[int], generation: int, group: str = "world"
-) -> list[bool]:
+def _barrier_all(client: Client, job_id: str, ranks: list[int], generation: int, group: str = "world") -> list[bool]:
     with ThreadPoolExecutor(len(ranks)) as pool:
         futures = [
             pool.submit(
@@ -52,9 +50,7 @@ def test_four_concurrent_joiners_get_host_contiguous_ranks(client: Client) -> No
 
 def test_barrier_timeout_names_who_did_not_arrive(client: Client) -> None:
     replies = client.join_all("j", 3, lambda i: {"host": f"h{i}", "requested_rank": i})
-    progress = [
-        common_pb2.Progress(group="world", started_seq=7, finished_seq=6, last_op="all_reduce(float32[8])")
-    ]
+    progress = [common_pb2.Progress(group="world", started_seq=7, finished_seq=6, last_op="all_reduce(float32[8])")]
     watch = client.watch("j", replies[2], progress)
     assert watch.next().kind == pb.EVENT_KIND_WATCHING  # the first request's progress is recorded
 
@@ -94,9 +90,7 @@ def test_world_size_disagreement_fails_immediately(client: Client) -> None:
 def test_duplicate_rank_names_rank_and_host(client: Client) -> None:
     with ThreadPoolExecutor(2) as pool:
         futures = [
-            pool.submit(
-                expect_error, lambda h=h: client.join("j", 2, timeout_s=1.0, host=h, requested_rank=0)
-            )
+            pool.submit(expect_error, lambda h=h: client.join("j", 2, timeout_s=1.0, host=h, requested_rank=0))
             for h in ("alpha", "beta")
         ]
         errors = [f.result() for f in futures]

@@ -15,9 +15,7 @@ from .conftest import Client, Watch, expect_error
 
 
 def _watched_job(client: Client, n: int) -> tuple[list[Any], list[Watch]]:
-    replies = sorted(
-        client.join_all("j", n, lambda i: {"host": f"h{i}", "requested_rank": i}), key=lambda r: r.rank
-    )
+    replies = sorted(client.join_all("j", n, lambda i: {"host": f"h{i}", "requested_rank": i}), key=lambda r: r.rank)
     watches = [client.watch("j", r) for r in replies]
     for w in watches:
         assert w.next().kind == pb.EVENT_KIND_WATCHING
@@ -25,9 +23,7 @@ def _watched_job(client: Client, n: int) -> tuple[list[Any], list[Watch]]:
 
 
 def _barrier(client: Client, rank: int, generation: int = 1, timeout_s: float = 10.0) -> Any:
-    request = pb.BarrierRequest(
-        job_id="j", group="world", rank=rank, generation=generation, timeout_s=timeout_s
-    )
+    request = pb.BarrierRequest(job_id="j", group="world", rank=rank, generation=generation, timeout_s=timeout_s)
     return client("Barrier", request)
 
 
@@ -36,11 +32,7 @@ def test_leave_tells_the_others_and_fails_their_barriers(client: Client) -> None
     client("Leave", pb.LeaveRequest(job_id="j", rank=2, member_secret=replies[2].member_secret))
     for w in watches[:2]:
         event = w.next()
-        assert (
-            event.kind == pb.EVENT_KIND_MEMBER_LEFT
-            and list(event.ranks) == [2]
-            and list(event.hosts) == ["h2"]
-        )
+        assert event.kind == pb.EVENT_KIND_MEMBER_LEFT and list(event.ranks) == [2] and list(event.hosts) == ["h2"]
     error = expect_error(lambda: _barrier(client, 0))
     assert isinstance(error, RankFailedError) and error.ranks == [2] and error.hosts == ["h2"]
 
@@ -59,9 +51,7 @@ def test_broken_stream_fails_the_member_and_a_pending_barrier(client: Client) ->
 
 def test_missed_heartbeats_fail_a_silent_member(start_coordinator: Callable[..., Any]) -> None:
     _, client = start_coordinator(heartbeat_interval=0.05, heartbeat_timeout=0.6)
-    replies = sorted(
-        client.join_all("j", 2, lambda i: {"host": f"h{i}", "requested_rank": i}), key=lambda r: r.rank
-    )
+    replies = sorted(client.join_all("j", 2, lambda i: {"host": f"h{i}", "requested_rank": i}), key=lambda r: r.rank)
     watch = client.watch("j", replies[0])  # rank 1 never opens a stream and never beats
     assert watch.next().kind == pb.EVENT_KIND_WATCHING
     stop = threading.Event()

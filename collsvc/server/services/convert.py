@@ -11,9 +11,7 @@ from collsvc.server.state.jobs import Job
 
 
 def device_from_proto(device: Any) -> Device:
-    return Device(
-        kind=device.kind or "cpu", uuid=device.uuid, pci_bus_id=device.pci_bus_id, index=device.index
-    )
+    return Device(kind=device.kind or "cpu", uuid=device.uuid, pci_bus_id=device.pci_bus_id, index=device.index)
 
 
 def member_proto(job: Job, member: Member, *, with_heartbeat: bool) -> Any:
@@ -57,9 +55,7 @@ def members_reply_bytes(job: Job) -> bytes:
 
 def waiting_protos(entries: Iterable[WaitingInfo]) -> list[Any]:
     return [
-        coordinator_pb2.WaitingMember(
-            rank=w.rank, host=w.host, last_op=w.last_op, finished_seq=w.finished_seq
-        )
+        coordinator_pb2.WaitingMember(rank=w.rank, host=w.host, last_op=w.last_op, finished_seq=w.finished_seq)
         for w in entries
     ]
 

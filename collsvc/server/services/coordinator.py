@@ -17,7 +17,7 @@ from collsvc.errors import RendezvousError
 from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
 from collsvc.server.interceptors import Context, translate_errors
 from collsvc.server.services.convert import device_from_proto, job_status, waiting_protos
-from collsvc.server.services.hub import Hub
+from collsvc.server.services.hub import Hub, wait_event
 from collsvc.server.services.watch import watch
 from collsvc.server.state.common import NotFoundError
 
@@ -36,17 +36,6 @@ def _wait_seconds(timeout_s: float, context: Context) -> float:
     if remaining is not None:
         wait = min(wait, max(remaining, 0.0))
     return wait
-
-
-async def _wait(event: asyncio.Event, seconds: float) -> bool:
-    """Waits for ``event`` up to ``seconds``; returns whether it was set."""
-    if event.is_set():
-        return True
-    try:
-        await asyncio.wait_for(event.wait(), seconds)
-    except asyncio.TimeoutError:
-        return event.is_set()
-    return True
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ignore[misc]
@@ -77,7 +66,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         if job.complete and not rt.joined.is_set():
             rt.on_complete()
         try:
-            completed = await _wait(rt.joined, _wait_seconds(request.timeout_s, context))
+            completed = await wait_event(rt.joined, _wait_seconds(request.timeout_s, context))
         except BaseException:  # the caller went away: its place is free again
             if job.cancel_join(member):
                 self.hub.drop_if_finished(rt)
@@ -110,7 +99,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         deadline = asyncio.get_running_loop().time() + _wait_seconds(request.timeout_s, context)
         while True:
             remaining = deadline - asyncio.get_running_loop().time()
-            woken = await _wait(rt.barrier_event(key), remaining)
+            woken = await wait_event(rt.barrier_event(key), remaining)
             job.check_healthy(group)  # woken by a failure, leave or abort: raise it
             if job.barriers.is_complete(group, generation):
                 return pb.BarrierResponse(complete=True)
@@ -139,7 +128,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
             deadline = asyncio.get_running_loop().time() + _wait_seconds(request.timeout_s, context)
             while value is None:
                 remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0 or not await _wait(rt.key_event(request.key), remaining):
+                if remaining <= 0 or not await rt.wait_for_key(request.key, remaining):
                     break
                 value = rt.job.kv.get(request.key)
         if value is None:
@@ -194,9 +183,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         elif kind == Events.EVENT_KIND_MEMBER_FAILED:
             self.hub.fail(rt, [member.rank], request.reason or "reported a local error")
         else:
-            raise ValueError(
-                f"cannot report event kind {Events.Name(kind) if kind in Events.values() else kind}"
-            )
+            raise ValueError(f"cannot report event kind {Events.Name(kind) if kind in Events.values() else kind}")
         return pb.ReportFailureResponse()
 
     @translate_errors
@@ -248,9 +235,7 @@ def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> N
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 behavior, request_deserializer=request_cls.FromString, response_serializer=serialize
             )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("collsvc.proto.v1.Coordinator", handlers),)
-    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("collsvc.proto.v1.Coordinator", handlers),))
 
 
 def _bytes_or_message(reply: Any) -> bytes:

@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 Events = coordinator_pb2.EventKind
 
 
+async def wait_event(event: asyncio.Event, seconds: float) -> bool:
+    """Waits for ``event`` up to ``seconds``; returns whether it was set."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except asyncio.TimeoutError:
+        return event.is_set()
+    return True
+
+
 @dataclass(eq=False)
 class Stream:
     """One open Watch stream: events for it queue here; ``None`` ends it."""
@@ -45,6 +56,7 @@ class JobRuntime:
         self.join_replies: list[Any] = []  # by rank, built once when the job completes
         self.barrier_events: dict[BarrierKey, asyncio.Event] = {}
         self.key_events: dict[str, asyncio.Event] = {}
+        self._key_waiters: dict[str, int] = {}
         self.streams: dict[int, Stream] = {}
         self._members_cache: tuple[int, bytes] | None = None
 
@@ -72,11 +84,21 @@ class JobRuntime:
         for event in events.values():
             event.set()
 
-    def key_event(self, key: str) -> asyncio.Event:
+    async def wait_for_key(self, key: str, seconds: float) -> bool:
+        """Waits up to ``seconds`` for the next write of ``key``; returns whether one happened."""
         event = self.key_events.get(key)
         if event is None:
             event = self.key_events[key] = asyncio.Event()
-        return event
+        self._key_waiters[key] = self._key_waiters.get(key, 0) + 1
+        try:
+            return await wait_event(event, seconds)
+        finally:
+            # Forget the event once its last waiter gave up, so never-set keys do not pile up.
+            remaining = self._key_waiters.pop(key) - 1
+            if remaining:
+                self._key_waiters[key] = remaining
+            elif self.key_events.get(key) is event:
+                del self.key_events[key]
 
     def notify_key(self, key: str) -> None:
         event = self.key_events.pop(key, None)
@@ -94,9 +116,7 @@ class JobRuntime:
                 stream.queue.put_nowait(event)
 
 
-def _event(
-    kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: str, details_json: str = ""
-) -> Any:
+def _event(kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: str, details_json: str = "") -> Any:
     members = list(members)
     return coordinator_pb2.WatchEvent(
         kind=kind,
@@ -197,9 +217,7 @@ class Hub:
             stream.queue.put_nowait(_event(Events.EVENT_KIND_MEMBER_LEFT, left, "left the job"))
         if job.mismatch:
             stream.queue.put_nowait(
-                _event(
-                    Events.EVENT_KIND_COLLECTIVE_MISMATCH, [], job.mismatch_reason, json.dumps(job.mismatch)
-                )
+                _event(Events.EVENT_KIND_COLLECTIVE_MISMATCH, [], job.mismatch_reason, json.dumps(job.mismatch))
             )
         return stream
 

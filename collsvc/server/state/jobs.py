@@ -22,7 +22,6 @@ from collsvc.errors import (
 )
 from collsvc.server.state.barriers import BarrierBook
 from collsvc.server.state.common import (
-    WORLD,
     Clock,
     Device,
     Member,
@@ -31,6 +30,7 @@ from collsvc.server.state.common import (
     ProgressRecord,
     WaitingInfo,
 )
+from collsvc.server.state.groups import Groups
 from collsvc.server.state.kvstore import KVStore
 from collsvc.server.state.ranks import assign_ranks
 from collsvc.types import Limits
@@ -83,8 +83,7 @@ class Job:
         self._arrivals = 0
         self.kv = KVStore(limits)
         self.barriers = BarrierBook()
-        self.groups: dict[str, tuple[int, ...]] = {}
-        self._group_sets: dict[str, frozenset[int]] = {}
+        self._groups = Groups(0, limits.max_keys_per_job)
         self.failed_ranks: list[int] = []
         self.failure_reason = ""
         self.left_ranks: dict[int, None] = {}  # ordered set
@@ -191,6 +190,7 @@ class Job:
             member.last_heartbeat = now
             self.members[place.rank] = member
         self.num_nodes = num_nodes
+        self._groups.world_size = len(self.members)
         self._pending.clear()
         self._requested.clear()
         self.complete = True
@@ -336,6 +336,15 @@ class Job:
 
     # ------------------------------------------------------------------------ groups, barriers
 
+    def _require_complete(self) -> None:
+        if not self.complete:
+            raise RendezvousError(f"job {self.job_id!r} has not completed its rendezvous yet")
+
+    @property
+    def groups(self) -> dict[str, tuple[int, ...]]:
+        """The named groups (not "world"), in registration order."""
+        return self._groups.named
+
     def group_ranks(self, name: str) -> Sequence[int]:
         """The global ranks of group ``name`` ("world" is every rank).
 
@@ -343,54 +352,20 @@ class Job:
             RendezvousError: the job is not complete.
             NotFoundError: no group of that name.
         """
-        if not self.complete:
-            raise RendezvousError(f"job {self.job_id!r} has not completed its rendezvous yet")
-        if name == WORLD:
-            return range(len(self.members))
-        ranks = self.groups.get(name)
-        if ranks is None:
-            raise NotFoundError(f"job {self.job_id!r} has no group {name!r}")
-        return ranks
-
-    def _in_group(self, name: str, rank: int) -> bool:
-        if name == WORLD:
-            return 0 <= rank < len(self.members)
-        return rank in self._group_sets[name]
+        self._require_complete()
+        try:
+            return self._groups.ranks(name)
+        except NotFoundError:
+            raise NotFoundError(f"job {self.job_id!r} has no group {name!r}") from None
 
     def new_group(self, name: str, ranks: Sequence[int]) -> None:
-        """Registers group ``name`` (idempotent when the ranks are equal).
-
-        Raises:
-            ValueError: empty name or ranks, a rank repeated or outside the job, "world" redefined,
-                or ``name`` already registered with other ranks.
-        """
-        size = len(self.group_ranks(WORLD))
-        if not name:
-            raise ValueError("group name must not be empty")
-        wanted = tuple(ranks)
-        if not wanted or len(set(wanted)) != len(wanted) or not all(0 <= r < size for r in wanted):
-            raise ValueError(f"group {name!r}: ranks {list(wanted)} must be distinct and within [0, {size})")
-        if name == WORLD:
-            if sorted(wanted) != list(range(size)):
-                raise ValueError(f"group name {WORLD!r} is reserved for all ranks")
-            return
-        existing = self.groups.get(name)
-        if existing is not None:
-            if existing != wanted:
-                raise ValueError(
-                    f"group {name!r} already exists with ranks {list(existing)}, not {list(wanted)}"
-                )
-            return
-        if len(self.groups) >= self._limits.max_keys_per_job:
-            raise ResourceLimitError(f"job {self.job_id!r} has too many groups")
-        self.groups[name] = wanted
-        self._group_sets[name] = frozenset(wanted)
+        """Registers group ``name``; see :meth:`Groups.add` for the errors."""
+        self._require_complete()
+        self._groups.add(name, ranks)
 
     def find_group(self, name: str) -> tuple[int, ...] | None:
         """The ranks of group ``name``, or None."""
-        if name == WORLD and self.complete:
-            return tuple(range(len(self.members)))
-        return self.groups.get(name)
+        return self._groups.find(name) if self.complete else None
 
     def check_healthy(self, group: str) -> None:
         """Raises the error every collective step in ``group`` must end with, if the job is broken.
@@ -413,7 +388,7 @@ class Job:
                 hosts,
             )
         if self.left_ranks:
-            left = [r for r in self.left_ranks if self._in_group(group, r)]
+            left = [r for r in self.left_ranks if self._groups.contains(group, r)]
             if left:
                 hosts = [self.members[r].host for r in left]
                 raise RankFailedError(
@@ -432,7 +407,7 @@ class Job:
         """
         ranks = self.group_ranks(group)
         self.check_healthy(group)
-        if not self._in_group(group, rank):
+        if not self._groups.contains(group, rank):
             raise ValueError(f"rank {rank} is not a member of group {group!r} of job {self.job_id!r}")
         return self.barriers.arrive(group, generation, rank, len(ranks))
 
@@ -452,7 +427,5 @@ class Job:
     def not_started(self, group: str, seq: int) -> list[WaitingInfo]:
         """Members of ``group`` that have not started collective ``seq`` of that group."""
         ranks = self.group_ranks(group)
-        late = [
-            r for r in ranks if (self.members[r].progress.get(group) or ProgressRecord()).started_seq < seq
-        ]
+        late = [r for r in ranks if (self.members[r].progress.get(group) or ProgressRecord()).started_seq < seq]
         return self._waiting(late, group)

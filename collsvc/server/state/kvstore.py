@@ -28,22 +28,17 @@ class KVStore:
             raise ValueError("key must not be empty")
         size = len(key.encode("utf-8"))
         if size > self._limits.max_key_bytes:
-            raise ResourceLimitError(
-                f"key of {size} bytes exceeds the limit of {self._limits.max_key_bytes} bytes"
-            )
+            raise ResourceLimitError(f"key of {size} bytes exceeds the limit of {self._limits.max_key_bytes} bytes")
 
     def _check_value(self, key: str, value: bytes) -> None:
         if len(value) > self._limits.max_value_bytes:
             raise ResourceLimitError(
-                f"value of {len(value)} bytes for key {key!r} exceeds the limit of "
-                f"{self._limits.max_value_bytes} bytes"
+                f"value of {len(value)} bytes for key {key!r} exceeds the limit of {self._limits.max_value_bytes} bytes"
             )
 
     def _check_room(self, key: str) -> None:
         if key not in self._data and len(self._data) >= self._limits.max_keys_per_job:
-            raise ResourceLimitError(
-                f"the job already holds the maximum of {self._limits.max_keys_per_job} keys"
-            )
+            raise ResourceLimitError(f"the job already holds the maximum of {self._limits.max_keys_per_job} keys")
 
     def set(self, key: str, value: bytes) -> None:
         """Stores ``value`` under ``key``.
@@ -84,9 +79,7 @@ class KVStore:
         self._data[key] = str(value).encode("ascii")
         return value
 
-    def compare_set(
-        self, key: str, *, expect_absent: bool, expected: bytes, desired: bytes
-    ) -> tuple[bool, bytes]:
+    def compare_set(self, key: str, *, expect_absent: bool, expected: bytes, desired: bytes) -> tuple[bool, bytes]:
         """Sets ``key`` to ``desired`` when it is absent (``expect_absent``) or equals ``expected``.
 
         Returns:

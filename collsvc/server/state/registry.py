@@ -30,9 +30,7 @@ class Registry:
         incarnation: makes each job instance's random 64-bit incarnation number.
     """
 
-    def __init__(
-        self, *, clock: Clock, limits: Limits, incarnation: Callable[[], int] = _random_incarnation
-    ) -> None:
+    def __init__(self, *, clock: Clock, limits: Limits, incarnation: Callable[[], int] = _random_incarnation) -> None:
         self._clock = clock
         self._limits = limits
         self._incarnation = incarnation
@@ -69,9 +67,7 @@ class Registry:
         if not job_id:
             raise ValueError("job_id must not be empty")
         if len(self._jobs) >= self._limits.max_jobs:
-            raise ResourceLimitError(
-                f"this coordinator already holds the maximum of {self._limits.max_jobs} jobs"
-            )
+            raise ResourceLimitError(f"this coordinator already holds the maximum of {self._limits.max_jobs} jobs")
         job = Job(job_id, clock=self._clock, limits=self._limits, incarnation=self._incarnation())
         self._jobs[job_id] = job
         log.debug("job %s: created (incarnation %x)", job_id, job.incarnation)

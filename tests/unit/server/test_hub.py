@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -105,3 +106,20 @@ def test_mismatch_reports_are_merged_and_fanned_out(clock: FakeClock) -> None:
     assert last.kind == Events.EVENT_KIND_COLLECTIVE_MISMATCH
     assert json.loads(last.details_json) == {"0": {"op": "all_reduce"}, "1": {"op": "broadcast"}}
     assert list(last.ranks) == [0, 1]
+
+
+def test_key_waits_are_woken_by_a_write_and_forgotten_after_a_timeout(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(), clock=clock)
+    rt = hub.find_or_create("j")
+
+    async def main() -> None:
+        assert not await rt.wait_for_key("never", 0.01)
+        assert rt.key_events == {}
+        waiter = asyncio.ensure_future(rt.wait_for_key("k", 10.0))
+        await asyncio.sleep(0)  # let the waiter register
+        rt.job.kv.set("k", b"v")
+        rt.notify_key("k")
+        assert await asyncio.wait_for(waiter, 5.0)
+        assert rt.key_events == {}
+
+    asyncio.run(main())

@@ -1,52 +1,208 @@
-"""The ring backend: collective algorithms over channels from the gRPC transport (host arrays)."""
+"""The ring backend: host (numpy) arrays, shared memory within a host, gRPC frames between hosts.
+
+Which path a call takes depends only on the group's topology (identical on every member), so every
+member of a call takes the same one:
+
+- one host, shared memory available: ``LocalGroup`` collectives (all_reduce, reduce, broadcast,
+  all_gather, reduce_scatter);
+- several hosts with several members on some host: hierarchical all_reduce (local reduce, leaders'
+  all_reduce over gRPC, local broadcast);
+- everything else: the algorithms in ``algorithms.py`` over gRPC channels.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import hashlib
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.base import Call, Channel
+from collsvc.client.backends.base import Call, Channel, GroupSpec
 from collsvc.client.backends.ring import algorithms
 from collsvc.client.backends.ring.reduction import finish_average
+from collsvc.client.backends.ring.topology import Topology, plan
 from collsvc.types import ReduceOp
+
+LocalGroupFactory = Callable[[str, int, int], Any]  # (namespace, local_rank, local_size) -> LocalGroup
+
+
+class LocalGroups:
+    """Shared-memory groups of this process, one per (group name, local members), created on first use.
+
+    ``fail`` wakes every group's waiters (wired to the job's failure state).
+    """
+
+    def __init__(self, job_key: str, timeout: float, factory: LocalGroupFactory | None = None) -> None:
+        self._job_key = job_key
+        self._timeout = timeout
+        self._factory = factory
+        self._groups: dict[tuple[str, tuple[int, ...]], Any] = {}
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+
+    def get(self, name: str, local: tuple[int, ...], local_index: int) -> Any:
+        key = (name, local)
+        with self._lock:
+            group = self._groups.get(key)
+        if group is not None:
+            return group
+        if self._factory is None:
+            from collsvc.client.backends.shm.group import LocalGroup
+
+            def make(namespace: str, rank: int, size: int) -> Any:
+                return LocalGroup(namespace, rank, size, timeout=self._timeout)
+
+            self._factory = make
+        namespace = hashlib.blake2b(f"{self._job_key}|{name}|{local}".encode(), digest_size=12).hexdigest()
+        group = self._factory(namespace, local_index, len(local))
+        with self._lock:
+            self._groups[key] = group
+            error = self._error
+        if error is not None:
+            group.fail(error)
+        return group
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            self._error = self._error or error
+            groups = list(self._groups.values())
+        for group in groups:
+            group.fail(error)
+
+    def close(self) -> None:
+        with self._lock:
+            groups, self._groups = list(self._groups.values()), {}
+        for group in groups:
+            group.close()
 
 
 class RingBackend:
     """Implements :class:`~collsvc.client.backends.base.Backend` for numpy arrays.
 
-    ``channel_for`` maps a call to a channel (the gRPC transport's, or the in-memory twin's in tests).
+    Args:
+        channel_for: maps a call to a gRPC channel (or the in-memory twin's, in tests).
+        hosts: global rank -> host name; None treats every member as remote (flat algorithms only).
+        local_groups: shared-memory groups for same-host members; None disables shared memory.
+        hierarchical: "auto" (when it pays), "always" (whenever several hosts) or "never".
     """
 
     name = "ring"
 
-    def __init__(self, channel_for: Callable[[Call], Channel]) -> None:
+    def __init__(
+        self,
+        channel_for: Callable[[Call], Channel],
+        *,
+        hosts: Mapping[int, str] | None = None,
+        local_groups: LocalGroups | None = None,
+        hierarchical: str = "auto",
+    ) -> None:
         self._channel_for = channel_for
+        self._hosts = dict(hosts) if hosts is not None else None
+        self._local_groups = local_groups
+        self._hierarchical = hierarchical
+        self._plans: dict[tuple[int, ...], Topology] = {}
+
+    # ---- path selection ------------------------------------------------------------------------------
+    def _topology(self, group: GroupSpec) -> Topology | None:
+        if self._hosts is None:
+            return None
+        key = (*group.ranks, group.index)
+        topo = self._plans.get(key)
+        if topo is None:
+            topo = self._plans[key] = plan(group, self._hosts)
+        return topo
+
+    def _shared(self, call: Call) -> Any:
+        """The LocalGroup for a call whose whole group is on this host, else None."""
+        topo = self._topology(call.group)
+        if topo is None or self._local_groups is None or not topo.single_host or call.group.size == 1:
+            return None
+        return self._local_groups.get(call.key, topo.local, topo.local_index)
 
     def _run(self, call: Call, body: Callable[[Channel], Any]) -> None:
         channel = self._channel_for(call)
         body(channel)
         channel.flush()
 
+    @staticmethod
+    def _sub_call(call: Call, suffix: str, ranks: tuple[int, ...], me: int) -> Call:
+        spec = GroupSpec(f"{call.group.name}{suffix}", ranks, ranks.index(me))
+        return dataclasses.replace(call, group=spec, key=f"{call.key}{suffix}")
+
+    # ---- collectives ---------------------------------------------------------------------------------
     def all_reduce(self, call: Call, buf: np.ndarray, op: ReduceOp) -> None:
-        self._run(call, lambda ch: algorithms.all_reduce(ch, buf, op))
+        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+        shared = self._shared(call)
+        topo = self._topology(call.group)
+        if shared is not None:
+            shared.all_reduce(buf, inner, call.deadline, digest=call.signature.digest)
+        elif topo is not None and self._use_hierarchy(topo):
+            self._hierarchical_all_reduce(call, buf, inner, topo)
+        else:
+            self._run(call, lambda ch: algorithms.all_reduce(ch, buf, inner))
         if op is ReduceOp.AVG:
             finish_average(buf, call.group.size)
 
+    def _use_hierarchy(self, topo: Topology) -> bool:
+        if self._hierarchical == "never" or topo.hosts < 2:
+            return False
+        return self._hierarchical == "always" or topo.hierarchical_pays
+
+    def _hierarchical_all_reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, topo: Topology) -> None:
+        me = call.group.ranks[call.group.index]
+        local_call = self._sub_call(call, "/host", topo.local, me)
+        shared = None
+        if self._local_groups is not None and len(topo.local) > 1:
+            shared = self._local_groups.get(local_call.key, topo.local, topo.local_index)
+        # 1. reduce within the host to its leader (local index 0)
+        if shared is not None:
+            shared.reduce(buf, op, 0, call.deadline, digest=call.signature.digest)
+        elif len(topo.local) > 1:
+            self._run(local_call, lambda ch: algorithms.reduce(ch, buf, op, 0))
+        # 2. all_reduce across host leaders
+        if topo.leader_index is not None:
+            leaders_call = self._sub_call(call, "/leaders", topo.leaders, me)
+            self._run(leaders_call, lambda ch: algorithms.all_reduce(ch, buf, op))
+        # 3. broadcast within the host from its leader
+        if shared is not None:
+            shared.broadcast(buf, 0, call.deadline, digest=call.signature.digest)
+        elif len(topo.local) > 1:
+            self._run(local_call, lambda ch: algorithms.broadcast(ch, buf, 0))
+
     def reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None:
-        self._run(call, lambda ch: algorithms.reduce(ch, buf, op, root))
+        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+        shared = self._shared(call)
+        if shared is not None:
+            shared.reduce(buf, inner, root, call.deadline, digest=call.signature.digest)
+        else:
+            self._run(call, lambda ch: algorithms.reduce(ch, buf, inner, root))
         if op is ReduceOp.AVG and call.group.index == root:
             finish_average(buf, call.group.size)
 
     def broadcast(self, call: Call, buf: np.ndarray, root: int) -> None:
-        self._run(call, lambda ch: algorithms.broadcast(ch, buf, root))
+        shared = self._shared(call)
+        if shared is not None:
+            shared.broadcast(buf, root, call.deadline, digest=call.signature.digest)
+        else:
+            self._run(call, lambda ch: algorithms.broadcast(ch, buf, root))
 
     def all_gather(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
-        self._run(call, lambda ch: algorithms.all_gather(ch, src, out))
+        shared = self._shared(call)
+        if shared is not None:
+            shared.all_gather(src, out, call.deadline, digest=call.signature.digest)
+        else:
+            self._run(call, lambda ch: algorithms.all_gather(ch, src, out))
 
     def reduce_scatter(self, call: Call, src: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
-        self._run(call, lambda ch: algorithms.reduce_scatter(ch, src, out, op))
+        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+        shared = self._shared(call)
+        if shared is not None:
+            shared.reduce_scatter(src, out, inner, call.deadline, digest=call.signature.digest)
+        else:
+            self._run(call, lambda ch: algorithms.reduce_scatter(ch, src, out, inner))
         if op is ReduceOp.AVG:
             finish_average(out, call.group.size)
 
@@ -66,7 +222,9 @@ class RingBackend:
         self._run(call, lambda ch: algorithms.recv(ch, out, src))
 
     def close(self) -> None:
-        """Nothing to release: the transport belongs to the job."""
+        if self._local_groups is not None:
+            self._local_groups.close()
 
     def abort(self, error: BaseException) -> None:
-        """Waiters are woken through the job's mailbox, which the failure state fails."""
+        if self._local_groups is not None:
+            self._local_groups.fail(error)

@@ -21,6 +21,7 @@ which breaks the cycle of two ranks each waiting for the other's queue.
 from __future__ import annotations
 
 import array
+import contextlib
 import hashlib
 import math
 import os
@@ -103,18 +104,25 @@ class Doorbell:
         peers = [p for p in range(self._size) if p != self._rank]
         sent: set[int] = set()
         while True:
+            # Drain first: a HELLO from a peer that bound after our last attempt means we can reach it.
+            self._drain()
+            check()
             for peer in peers:
                 if peer not in sent and self._connect(peer) and self._send_fd(peer, fd, body):
                     sent.add(peer)
-            self._drain()
-            check()
             if len(sent) == len(peers) and len(self.hellos) == len(peers):
                 self._expect_fds = False
                 return True
             if time.monotonic() >= deadline:
                 return False
-            # A peer that binds later always sends us its HELLO, so waiting on our inbox suffices.
-            self._poll.poll(_remaining_ms(deadline))
+            # A peer that binds later always sends us its HELLO, so our inbox wakes us; a peer whose
+            # queue was full wakes us through its outbox becoming writable.
+            poll = select.poll()
+            poll.register(self._inbox, select.POLLIN)
+            for peer in peers:
+                if peer not in sent and peer in self._out:
+                    poll.register(self._out[peer], select.POLLOUT)
+            poll.poll(_remaining_ms(deadline))
 
     def _connect(self, peer: int) -> bool:
         if peer in self._out:
@@ -143,9 +151,7 @@ class Doorbell:
 
     # -- barriers --------------------------------------------------------------------------------
 
-    def barrier(
-        self, generation: int, body: bytes, deadline: float, check: Callable[[], None], spin: float
-    ) -> bool:
+    def barrier(self, generation: int, body: bytes, deadline: float, check: Callable[[], None], spin: float) -> bool:
         """Barrier ``generation``: on return ``bodies[generation % 2]`` holds every rank's ``body``.
 
         Two ranks tell each other (one hop). Three or more use a central barrier through local rank 0:
@@ -201,9 +207,7 @@ class Doorbell:
             poll.poll(_remaining_ms(deadline))
             self._drain()
 
-    def wait(
-        self, ready: Callable[[], bool], deadline: float, check: Callable[[], None], spin: float
-    ) -> bool:
+    def wait(self, ready: Callable[[], bool], deadline: float, check: Callable[[], None], spin: float) -> bool:
         """Drains messages until ``ready()``; polls for ``spin`` seconds before it blocks.
 
         Returns:
@@ -264,13 +268,9 @@ class Doorbell:
 
     def wake(self) -> None:
         """Interrupts a blocked :meth:`wait` (safe from any thread)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            try:
-                sock.sendto(
-                    HEADER.pack(WAKE, self._rank, 0), socket.MSG_DONTWAIT, self._inbox_name(self._rank)
-                )
-            except OSError:  # a full inbox wakes the waiter anyway; a closed one has no waiter
-                pass
+        # A full inbox wakes the waiter anyway; a closed one has no waiter.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock, contextlib.suppress(OSError):
+            sock.sendto(HEADER.pack(WAKE, self._rank, 0), socket.MSG_DONTWAIT, self._inbox_name(self._rank))
 
     def close(self) -> None:
         """Closes every socket; peers see this rank as gone."""
@@ -279,10 +279,8 @@ class Doorbell:
         self._out.clear()
         self._inbox.close()
         for fd, _ in self.hellos.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self.hellos.clear()
 
 

@@ -25,12 +25,12 @@ import os
 import struct
 import sys
 import time
-import zlib
 from collections.abc import Iterator
 
 import numpy as np
 
 from collsvc.client.backends.ring.reduction import finish_average, reduce_into, reduce_to
+from collsvc.client.backends.shm import descriptor
 from collsvc.client.backends.shm.doorbell import Doorbell
 from collsvc.client.backends.shm.segment import Layout, Segment, SegmentViews
 from collsvc.errors import (
@@ -40,13 +40,11 @@ from collsvc.errors import (
     CollsvcError,
     RendezvousError,
 )
-from collsvc.types import OP_CODES, ReduceOp, check_op_dtype
+from collsvc.types import ReduceOp, check_op_dtype
 
 logger = logging.getLogger(__name__)
 
 _HELLO = struct.Struct("<IQ")  # local_size, slot_bytes
-_DESC = struct.Struct("<QIIqqI")  # digest, collective, dtype code, count, root + 1, op code
-_COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
 # Below this many bytes all_reduce/reduce take one barrier and every rank reduces everything itself.
 _DIRECT_BYTES = 64 * 1024
 
@@ -59,10 +57,6 @@ def _flat(array: np.ndarray, what: str, *, writable: bool) -> np.ndarray:
     if writable and not array.flags.writeable:
         raise ValueError(f"{what} must be writable")
     return array.reshape(-1)
-
-
-def _dtype_code(dtype: np.dtype) -> int:
-    return zlib.crc32(f"{dtype.name}/{dtype.str}".encode())
 
 
 class LocalGroup:
@@ -274,9 +268,7 @@ class LocalGroup:
                 slot = self._own(flat.dtype).inputs[parity]
                 for rank in range(n):
                     if rank != me:
-                        np.copyto(
-                            slot[rank * block : rank * block + hi - lo], flat[rank * m + lo : rank * m + hi]
-                        )
+                        np.copyto(slot[rank * block : rank * block + hi - lo], flat[rank * m + lo : rank * m + hi])
                 self._step(deadline, body if index == 0 else None)
                 parts = [
                     flat[me * m + lo : me * m + hi]
@@ -338,14 +330,7 @@ class LocalGroup:
         digest: int,
         deadline: float,
     ) -> Iterator[bytes]:
-        body = _DESC.pack(
-            digest & (2**64 - 1),
-            _COLLECTIVES.index(collective),
-            _dtype_code(array.dtype),
-            count,
-            -1 if root is None else root,
-            0 if op is None else OP_CODES[op],
-        )
+        body = descriptor.encode(collective, array.dtype, count, op, root, digest)
         self._descriptions = f"{collective} {array.dtype} x{count} op={op.name if op else '-'} root={root}"
         try:
             yield body
@@ -376,28 +361,7 @@ class LocalGroup:
         if body is not None:
             bodies = bell.bodies[generation % 2]
             if any(b != body for b in bodies):
-                raise self._mismatch(bodies)
-
-    def _mismatch(self, bodies: list[bytes]) -> CollectiveMismatchError:
-        decoded = [_DESC.unpack(b) if len(b) == _DESC.size else None for b in bodies]
-        digests = {d[0] for d in decoded if d is not None}
-        details: dict[int, str] = {}
-        for rank, desc in enumerate(decoded):
-            if desc is None:
-                details[rank] = "?"
-            elif len(digests) > 1:
-                details[rank] = f"{desc[0]:#018x}"
-            else:
-                coll, _, count, root, op = desc[1:]
-                ops = {code: o.name for o, code in OP_CODES.items()}
-                details[rank] = (
-                    f"{_COLLECTIVES[coll]} dtype#{desc[2]:08x} x{count} op={ops.get(op, '-')} "
-                    f"root={None if root < 0 else root}"
-                )
-        return CollectiveMismatchError(
-            f"{self._name}: local ranks called different collectives: {details}; this rank: {self._descriptions}",
-            details,
-        )
+                raise descriptor.mismatch(self._name, bodies, self._descriptions)
 
     def _solo(self) -> bool:
         """Raises if the group failed or closed; True when there are no peers (nothing to exchange)."""
@@ -449,7 +413,12 @@ class LocalGroup:
             np.copyto(views[me].inputs[parity][:total], buf)
             self._step(deadline, body)
             if gather:
-                _combine(op, buf, [v.inputs[parity][:total] for v in views], n)
+                # Reduce into our slot of the other parity (free until the next step, see the module
+                # docstring), not into buf: SIMD loops may round differently for different alignments,
+                # and the slots sit at the same offsets on every rank.
+                scratch = views[me].inputs[1 - parity][:total]
+                _combine(op, scratch, [v.inputs[parity][:total] for v in views], n)
+                np.copyto(buf, scratch)
             return
         chunk = self._chunk(buf.dtype)
         chunks = -(-total // chunk)

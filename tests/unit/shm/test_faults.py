@@ -1,0 +1,178 @@
+"""LocalGroup under mismatch, missing ranks, fail() and bad configuration: errors, not hangs."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from collsvc.client.backends.shm import LocalGroup
+from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, RendezvousError
+from collsvc.types import ReduceOp
+from tests.unit.shm.threads import run_group
+
+
+def test_different_digests_raise_on_every_rank_and_the_group_stays_usable() -> None:
+    def work(group: LocalGroup) -> dict[int, str]:
+        buf = np.full(4, group.rank + 1.0)
+        with pytest.raises(CollectiveMismatchError) as info:
+            group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5, digest=100 + (group.rank == 2))
+        assert (buf == group.rank + 1.0).all(), "data was combined despite the mismatch"
+        group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5, digest=7)
+        assert (buf == 6.0).all()
+        return info.value.details
+
+    details = run_group(3, work)
+    assert details[0] == details[1] == details[2] == {0: f"{100:#018x}", 1: f"{100:#018x}", 2: f"{101:#018x}"}
+
+
+def test_different_calls_are_caught_without_a_digest() -> None:
+    def work(group: LocalGroup) -> None:
+        with pytest.raises(CollectiveMismatchError):
+            if group.rank == 0:
+                group.broadcast(np.zeros(10_000), 0, time.monotonic() + 5)  # many rounds
+            else:
+                group.all_reduce(np.zeros(9_000), ReduceOp.SUM, time.monotonic() + 5)
+        group.barrier(time.monotonic() + 5)
+
+    run_group(2, work)
+
+
+@pytest.mark.parametrize(("size", "waiter"), [(2, 0), (3, 0), (3, 1)])
+def test_a_rank_that_never_arrives_times_out_by_name(size: int, waiter: int) -> None:
+    absent = size - 1
+    ready = threading.Event()
+    done = threading.Event()
+
+    def work(group: LocalGroup) -> float:
+        if group.rank == absent:
+            ready.set()
+            done.wait(10)  # joined the group, never calls the collective
+            return 0.0
+        start = time.monotonic()
+        with pytest.raises(CollectiveTimeoutError) as info:
+            group.all_reduce(np.ones(100), ReduceOp.SUM, start + 0.3)
+        elapsed = time.monotonic() - start
+        if group.rank == waiter:
+            assert info.value.ranks == [absent]
+        with pytest.raises(CollectiveTimeoutError):  # the group is out of step now: it stays failed
+            group.barrier(time.monotonic() + 5)
+        return elapsed
+
+    def release_when_timed_out() -> None:
+        ready.wait(10)
+
+    watcher = threading.Thread(target=release_when_timed_out)
+    watcher.start()
+    try:
+        results = run_group(
+            size,
+            lambda g: _finish(work(g), g, absent, done),
+        )
+    finally:
+        done.set()
+        watcher.join()
+    assert all(r < 2.0 for r in results)
+
+
+def _finish(value: float, group: LocalGroup, absent: int, done: threading.Event) -> float:
+    if group.rank != absent:
+        done.set()
+    return value
+
+
+def test_fail_wakes_a_blocked_waiter_and_every_later_call_raises_it() -> None:
+    namespace = uuid.uuid4().hex
+    joined = threading.Event()
+    peer = threading.Thread(target=lambda: _join_and_wait(namespace, joined))
+    peer.start()
+    try:
+        with LocalGroup(namespace, 0, 2, timeout=5) as group:
+            joined.wait(5)
+            boom = RuntimeError("coordinator says rank 1 died")
+            timer = threading.Timer(0.1, group.fail, args=(boom,))
+            start = time.monotonic()
+            timer.start()
+            with pytest.raises(RuntimeError) as info:
+                group.barrier(time.monotonic() + 10)
+            assert info.value is boom and time.monotonic() - start < 2.0
+            with pytest.raises(RuntimeError):
+                group.all_reduce(np.ones(3), ReduceOp.SUM, time.monotonic() + 10)
+            timer.join()
+    finally:
+        joined.set()
+        peer.join()
+
+
+def _join_and_wait(namespace: str, joined: threading.Event) -> None:
+    with LocalGroup(namespace, 1, 2, timeout=5):
+        joined.set()
+        joined.wait(5)
+
+
+def test_construction_times_out_naming_the_ranks_that_never_came() -> None:
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError) as info:
+        LocalGroup(uuid.uuid4().hex, 1, 3, timeout=0.3)
+    assert info.value.ranks == [0, 2]
+    assert time.monotonic() - start < 2.0
+
+
+def test_ranks_starting_at_different_times_join() -> None:
+    namespace = uuid.uuid4().hex
+    late = threading.Event()
+    results: list[float] = []
+
+    def rank(r: int) -> None:
+        if r == 1:
+            late.wait(5)
+        with LocalGroup(namespace, r, 2, timeout=5) as group:
+            buf = np.ones(3)
+            group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5)
+            results.append(float(buf[0]))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    late.set()  # rank 0 is already waiting (or about to) when rank 1 starts
+    for t in threads:
+        t.join(10)
+    assert results == [2.0, 2.0]
+
+
+def test_a_namespace_in_use_and_disagreeing_slot_sizes_are_rendezvous_errors() -> None:
+    namespace = uuid.uuid4().hex
+    errors: list[BaseException] = []
+
+    def rank(r: int, slot: int) -> None:
+        try:
+            LocalGroup(namespace, r, 2, slot_bytes=slot, timeout=2).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r, 4096 * (r + 1))) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2 and all(isinstance(e, RendezvousError) for e in errors)
+
+    def duplicate(group: LocalGroup) -> None:
+        if group.rank == 0:
+            with pytest.raises(RendezvousError):
+                LocalGroup(namespace, 1, 2, timeout=1)
+        group.barrier(time.monotonic() + 5)
+
+    run_group(2, duplicate, namespace=namespace)
+
+
+def test_close_releases_every_descriptor_and_leaves_nothing_in_dev_shm() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    shm_before = set(os.listdir("/dev/shm"))
+    run_group(3, lambda g: g.barrier(time.monotonic() + 5))
+    assert set(os.listdir("/proc/self/fd")) <= before
+    assert set(os.listdir("/dev/shm")) <= shm_before
