@@ -65,8 +65,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
             raise
         if job.complete and not rt.joined.is_set():
             rt.on_complete()
+        wait = _wait_seconds(request.timeout_s, context)
         try:
-            completed = await wait_event(rt.joined, _wait_seconds(request.timeout_s, context))
+            completed = await wait_event(rt.joined, wait)
         except BaseException:  # the caller went away: its place is free again
             if job.cancel_join(member):
                 self.hub.drop_if_finished(rt)
@@ -76,8 +77,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
             if job.cancel_join(member):
                 self.hub.drop_if_finished(rt)
             raise RendezvousError(
-                f"job {job.job_id!r}: only {joined} of {request.world_size} members joined "
-                f"within {request.timeout_s:g}s"
+                f"job {job.job_id!r}: only {joined} of {request.world_size} members joined within {wait:.3g}s"
             )
         return rt.join_replies[member.rank]
 

@@ -1,0 +1,79 @@
+"""A rank started inside a host namespace with the same environment compose and Kubernetes use
+(coordinator address, world size, token, no rank). Prints one line: RESULT <json>.
+
+Modes (argv[1]):
+  check  topology, intra/inter-node communicators, all_reduce and all_gather across hosts
+  time   median time of all_reduce at argv[2] bytes (COLLSVC_HIERARCHICAL picks the algorithm)
+  hold   host "b" ranks park forever after a barrier (the test kills them); others then all_reduce
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+import collsvc
+
+
+def main() -> int:
+    mode = sys.argv[1]
+    comm = collsvc.init(timeout=60)
+    result: dict[str, object] = {
+        "rank": comm.rank,
+        "host": os.environ["COLLSVC_HOST"],
+        "local_rank": comm.local_rank,
+        "local_size": comm.local_size,
+        "node_rank": comm.node_rank,
+        "num_nodes": comm.num_nodes,
+    }
+    if mode == "check":
+        total = comm.all_reduce(np.full(1000, comm.rank + 1, np.float64))
+        result["all_reduce_ok"] = bool(np.all(total == sum(range(1, comm.size + 1))))
+        gathered = comm.all_gather(np.array([comm.rank], np.int64))
+        result["all_gather"] = gathered.tolist()
+        intra, inter = comm.intra_node, comm.inter_node
+        result["intra"] = [intra.size, intra.rank, list(intra.global_ranks)]
+        result["inter"] = [inter.size, inter.rank, list(inter.global_ranks)]
+        result["intra_sum"] = int(intra.all_reduce(np.array([comm.rank]))[0])
+        result["inter_sum"] = int(inter.all_reduce(np.array([comm.rank]))[0])
+    elif mode == "time":
+        nbytes = int(sys.argv[2])
+        x = np.ones(nbytes // 4, np.float32)
+        comm.all_reduce(x)
+        comm.barrier()
+        times = []
+        for _ in range(int(sys.argv[3]) if len(sys.argv) > 3 else 5):
+            start = time.perf_counter()
+            comm.all_reduce(x, out=x)
+            times.append(time.perf_counter() - start)
+        result["seconds"] = statistics.median(times)
+    elif mode == "hold":
+        comm.barrier()
+        if os.environ["COLLSVC_HOST"] == "host-b":
+            print("HOLDING", flush=True)
+            threading.Event().wait()  # parked until the test kills this process
+        start = time.monotonic()
+        try:
+            comm.all_reduce(np.ones(10))
+            result["error"] = None
+        except collsvc.CollsvcError as exc:
+            result["error"] = type(exc).__name__
+            result["ranks"] = getattr(exc, "ranks", [])
+            result["hosts"] = getattr(exc, "hosts", [])
+            result["message"] = str(exc)
+        result["seconds"] = time.monotonic() - start
+        print("RESULT " + json.dumps(result), flush=True)
+        os._exit(0)
+    print("RESULT " + json.dumps(result), flush=True)
+    collsvc.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
