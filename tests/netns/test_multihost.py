@@ -77,7 +77,7 @@ def start_ranks(
 ) -> dict[str, list[subprocess.Popen[str]]]:
     procs: dict[str, list[subprocess.Popen[str]]] = {"a": [], "b": []}
     for name in ("a", "b"):
-        for local in range(RANKS_PER_HOST):
+        for _ in range(RANKS_PER_HOST):
             env = dict(
                 os.environ,
                 COLLSVC_COORDINATOR=address,
