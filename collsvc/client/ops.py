@@ -46,11 +46,25 @@ def _flat(a: Adapted, on_device: bool) -> Any:
     return np.ascontiguousarray(arr).reshape(-1)
 
 
-def _work_copy(a: Adapted, on_device: bool, in_place: bool) -> tuple[Any, bool]:
-    """(flat buffer the backend may overwrite, whether it is the caller's own memory)."""
+def _usable_in_place(arr: Any, a: Adapted, on_device: bool) -> bool:
+    return (on_device or not a.on_gpu) and bool(arr.flags.c_contiguous) and bool(arr.flags.writeable)
+
+
+def _work_copy(a: Adapted, on_device: bool, x: Any, out: Any) -> tuple[Any, bool]:
+    """(flat buffer the backend may overwrite, whether it is the caller's ``out`` memory).
+
+    ``out is x`` works in place; another contiguous ``out`` of the same kind receives a copy of the
+    input and is worked on in place (no temporary, no second copy); otherwise a fresh copy.
+    """
     arr = _source(a, on_device)
-    if in_place and (on_device or not a.on_gpu) and arr.flags.c_contiguous and arr.flags.writeable:
+    if out is not None and out is x and _usable_in_place(arr, a, on_device):
         return arr.reshape(-1), True
+    if out is not None and out is not x:
+        target = adapt(out, name="out")
+        dest = _source(target, on_device)
+        if target.on_gpu == a.on_gpu and _usable_in_place(dest, target, on_device):
+            dest[...] = arr
+            return dest.reshape(-1), True
     if on_device:
         import cupy
 
@@ -114,7 +128,7 @@ def all_reduce(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: 
     dev = _on_device(comm, a)
 
     def body(call: Call, backend: Any) -> Any:
-        buf, shared = _work_copy(a, dev, out is x)
+        buf, shared = _work_copy(a, dev, x, out)
         backend.all_reduce(call, buf, op)
         return _finish(buf.reshape(a.shape), a, out, shared, dev)
 
@@ -131,7 +145,7 @@ def broadcast(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool)
     dev = _on_device(comm, a)
 
     def body(call: Call, backend: Any) -> Any:
-        buf, shared = _work_copy(a, dev, out is x)
+        buf, shared = _work_copy(a, dev, x, out)
         backend.broadcast(call, buf, src)
         return _finish(buf.reshape(a.shape), a, out, shared, dev)
 
@@ -258,7 +272,7 @@ def reduce(comm: Communicator, x: Any, dst: int, op: ReduceOp, *, out: Any, asyn
     dev = _on_device(comm, a)
 
     def body(call: Call, backend: Any) -> Any:
-        buf, shared = _work_copy(a, dev, is_root and out is x)
+        buf, shared = _work_copy(a, dev, x, out if is_root else None)
         backend.reduce(call, buf, op, dst)
         return _finish(buf.reshape(a.shape), a, out, shared, dev) if is_root else None
 
