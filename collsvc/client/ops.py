@@ -72,6 +72,17 @@ def _work_copy(a: Adapted, on_device: bool, x: Any, out: Any) -> tuple[Any, bool
     return np.array(arr, copy=True, order="C").reshape(-1), False
 
 
+def _landing_buffer(a: Adapted, on_device: bool, x: Any, out: Any) -> tuple[Any, bool]:
+    """A flat buffer for a result that overwrites everything (broadcast on non-source ranks): the
+    caller's ``out`` (or ``x`` when ``out is x``) when usable, else a fresh array; nothing is copied in."""
+    if out is not None:
+        target = a if out is x else adapt(out, name="out")
+        dest = _source(target, on_device)
+        if target.on_gpu == a.on_gpu and _usable_in_place(dest, target, on_device):
+            return dest.reshape(-1), True
+    return _empty((int(np.prod(a.shape, dtype=np.int64)),), a.dtype, on_device), False
+
+
 def _finish(result: Any, a: Adapted, out: Any, shared: bool, on_device: bool) -> Any:
     if out is not None:
         if not shared:
@@ -93,9 +104,7 @@ def _reduce_check(op: ReduceOp, a: Adapted) -> None:
 
 def _split_rows(shape: tuple[int, ...], size: int, what: str) -> tuple[int, ...]:
     if len(shape) == 0 or shape[0] % size:
-        raise ValueError(
-            f"{what}: x.shape[0] must be divisible by the communicator size {size}, got shape {shape}"
-        )
+        raise ValueError(f"{what}: x.shape[0] must be divisible by the communicator size {size}, got shape {shape}")
     return (shape[0] // size, *shape[1:])
 
 
@@ -132,9 +141,7 @@ def all_reduce(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: 
         backend.all_reduce(call, buf, op)
         return _finish(buf.reshape(a.shape), a, out, shared, dev)
 
-    return comm._issue(
-        Signature("all_reduce", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev
-    )
+    return comm._issue(Signature("all_reduce", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev)
 
 
 def broadcast(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -> Any:
@@ -145,13 +152,22 @@ def broadcast(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool)
     dev = _on_device(comm, a)
 
     def body(call: Call, backend: Any) -> Any:
-        buf, shared = _work_copy(a, dev, x, out)
+        if comm.rank == src:
+            # Backends only read the source's buffer: send straight from x, and make the source's own
+            # result copy afterwards, off the other ranks' critical path.
+            flat = _flat(a, dev)
+            backend.broadcast(call, flat, src)
+            if out is x:
+                return out
+            if out is not None:
+                write_into(out, flat.reshape(a.shape))
+                return out
+            return _finish(flat.reshape(a.shape).copy(), a, None, False, dev)
+        buf, shared = _landing_buffer(a, dev, x, out)
         backend.broadcast(call, buf, src)
         return _finish(buf.reshape(a.shape), a, out, shared, dev)
 
-    return comm._issue(
-        Signature("broadcast", a.dtype, a.shape, root=src), body, async_op=async_op, on_gpu=dev
-    )
+    return comm._issue(Signature("broadcast", a.dtype, a.shape, root=src), body, async_op=async_op, on_gpu=dev)
 
 
 def _fused_in_place(
@@ -241,9 +257,7 @@ def _all_gather_list(comm: Communicator, xs: Sequence[Any], out: Any, async_op: 
             results.append(_finish(piece.copy(), a, o, False, dev))
         return results
 
-    return comm._issue(
-        Signature("all_gather", dtype, (len(adapted), total)), body, async_op=async_op, on_gpu=dev
-    )
+    return comm._issue(Signature("all_gather", dtype, (len(adapted), total)), body, async_op=async_op, on_gpu=dev)
 
 
 def gather(comm: Communicator, x: Any, dst: int, *, out: Any, async_op: bool) -> Any:
@@ -276,9 +290,7 @@ def reduce(comm: Communicator, x: Any, dst: int, op: ReduceOp, *, out: Any, asyn
         backend.reduce(call, buf, op, dst)
         return _finish(buf.reshape(a.shape), a, out, shared, dev) if is_root else None
 
-    return comm._issue(
-        Signature("reduce", a.dtype, a.shape, op.name, dst), body, async_op=async_op, on_gpu=dev
-    )
+    return comm._issue(Signature("reduce", a.dtype, a.shape, op.name, dst), body, async_op=async_op, on_gpu=dev)
 
 
 def reduce_scatter(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: bool) -> Any:
@@ -293,9 +305,7 @@ def reduce_scatter(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_
         backend.reduce_scatter(call, _flat(a, dev), result.reshape(-1), op)
         return _finish(result, a, out, False, dev)
 
-    return comm._issue(
-        Signature("reduce_scatter", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev
-    )
+    return comm._issue(Signature("reduce_scatter", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev)
 
 
 def scatter(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -> Any:
@@ -321,9 +331,7 @@ def scatter(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -
         like = a if a.source is not None else adapt(out)
         return _finish(result, like, out, False, dev)
 
-    return comm._issue(
-        Signature("scatter", a.dtype, full_shape, root=src), body, async_op=async_op, on_gpu=dev
-    )
+    return comm._issue(Signature("scatter", a.dtype, full_shape, root=src), body, async_op=async_op, on_gpu=dev)
 
 
 def all_to_all(comm: Communicator, x: Any, *, out: Any, async_op: bool) -> Any:
@@ -375,13 +383,7 @@ def recv(comm: Communicator, src: int, tag: int, *, out: Any, shape: Any, dtype:
     dev = _on_device(comm, a)
 
     def body(call: Call, backend: Any) -> Any:
-        if (
-            out is not None
-            and not dev
-            and not a.on_gpu
-            and a.array.flags.c_contiguous
-            and a.array.flags.writeable
-        ):
+        if out is not None and not dev and not a.on_gpu and a.array.flags.c_contiguous and a.array.flags.writeable:
             backend.recv(call, a.array.reshape(-1), 0)
             return out
         result = _empty(a.shape, a.dtype, dev)

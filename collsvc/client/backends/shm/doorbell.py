@@ -214,14 +214,16 @@ class Doorbell:
             True once ready, False when the deadline passed first.
 
         Raises:
-            Whatever ``check`` raises (it runs after every wake-up).
+            Whatever ``check`` raises (it runs after every wake-up that did not make ``ready()`` true).
         """
         spin_until = time.monotonic() + spin
         while True:
             self._drain()
-            check()
+            # What already arrived wins over a recorded failure: a peer that contributed and then left
+            # cleanly must not fail a call its messages completed (later calls still fail fast).
             if ready():
                 return True
+            check()
             now = time.monotonic()
             if now >= deadline:
                 return False
