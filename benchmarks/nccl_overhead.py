@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -54,10 +55,10 @@ def main() -> int:
             out = cupy.empty_like(x)
             stream = cupy.cuda.get_current_stream()
 
-            def run_direct() -> None:
+            def run_direct(x: Any = x, out: Any = out, count: int = count, stream: Any = stream) -> None:
                 direct.allReduce(x.data.ptr, out.data.ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
 
-            def run_collsvc() -> None:
+            def run_collsvc(x: Any = x, out: Any = out) -> None:
                 comm.all_reduce(x, out=out)
 
             for fn in (run_direct, run_collsvc):
@@ -67,7 +68,9 @@ def main() -> int:
                 a.append(timed(run_direct, args.iters))
                 b.append(timed(run_collsvc, args.iters))
             t_direct, t_ours = statistics.median(a), statistics.median(b)
-            print(f"{count * 4:>12} {t_direct * 1e6:>11.1f} {t_ours * 1e6:>12.1f} {100 * (t_ours / t_direct - 1):>8.1f}%")
+            print(
+                f"{count * 4:>12} {t_direct * 1e6:>11.1f} {t_ours * 1e6:>12.1f} {100 * (t_ours / t_direct - 1):>8.1f}%"
+            )
         collsvc.destroy()
     return 0
 

@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RANK_SCRIPT = "import time, collsvc; c = collsvc.init(); c.barrier(); print('BARRIER', time.time(), flush=True); collsvc.destroy()"
+RANK_SCRIPT = (
+    "import time, collsvc; c = collsvc.init(); c.barrier(); "
+    "print('BARRIER', time.time(), flush=True); collsvc.destroy()"
+)
 
 
 def main() -> int:
@@ -29,8 +32,13 @@ def main() -> int:
     try:
         for _ in range(args.repeats):
             start = time.time()
-            done = subprocess.run([sys.executable, "-m", "collsvc", "run", "-n", str(args.n), str(script)],
-                                  capture_output=True, text=True, timeout=120, cwd=ROOT)
+            done = subprocess.run(
+                [sys.executable, "-m", "collsvc", "run", "-n", str(args.n), str(script)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=ROOT,
+            )
             stamps = [float(line.split()[-1]) for line in done.stdout.splitlines() if "BARRIER" in line]
             if done.returncode or len(stamps) != args.n:
                 print(done.stdout, done.stderr, file=sys.stderr)

@@ -68,9 +68,7 @@ def coordinator_options(args: argparse.Namespace) -> CoordinatorOptions:
         check_security(options)
     except ValueError as exc:  # names --token-file, the TLS flags and --insecure
         why = str(exc).rstrip(".")
-        raise UsageError(
-            f"{why}; the token may also come from $COLLSVC_TOKEN or $COLLSVC_TOKEN_FILE"
-        ) from exc
+        raise UsageError(f"{why}; the token may also come from $COLLSVC_TOKEN or $COLLSVC_TOKEN_FILE") from exc
     return options
 
 
@@ -83,9 +81,7 @@ def _port_in_use(host: str, port: int) -> str | None:
     if port == 0:
         return None
     try:
-        infos = socket.getaddrinfo(
-            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError:
         return None  # let the server report the bad address
     for family, kind, proto, _, address in infos:
@@ -123,9 +119,7 @@ def coordinator_command(args: argparse.Namespace) -> int:
     def ready(port: int) -> None:
         nonlocal listening
         listening = True
-        print(
-            f"collsvc coordinator listening on {_hostport(options.host, port)}", file=sys.stderr, flush=True
-        )
+        print(f"collsvc coordinator listening on {_hostport(options.host, port)}", file=sys.stderr, flush=True)
 
     try:
         asyncio.run(serve(options, ready=ready))
@@ -252,9 +246,7 @@ def format_status(data: dict[str, Any]) -> str:
     lines: list[str] = []
     for job in data["jobs"]:
         members = job["members"]
-        lines.append(
-            f"job {job['job_id']}: {job['state']}, world size {job['world_size']}, {len(members)} joined"
-        )
+        lines.append(f"job {job['job_id']}: {job['state']}, world size {job['world_size']}, {len(members)} joined")
         if job["failure"]:
             lines.append(f"  failure: {job['failure']}")
         if job["groups"]:
@@ -264,9 +256,7 @@ def format_status(data: dict[str, Any]) -> str:
         rows = [header]
         for m in members:
             p = m.get("progress")
-            last = (
-                f"{p['last_op']} (seq {p['finished_seq']}/{p['started_seq']})" if p and p["last_op"] else "-"
-            )
+            last = f"{p['last_op']} (seq {p['finished_seq']}/{p['started_seq']})" if p and p["last_op"] else "-"
             rows.append(
                 (
                     str(m["rank"]),
@@ -281,9 +271,7 @@ def format_status(data: dict[str, Any]) -> str:
             )
         widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
         for row in rows:
-            lines.append(
-                "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            )
+            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 

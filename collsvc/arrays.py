@@ -141,9 +141,7 @@ def _to_producer(raw: Any, like: Adapted) -> Any:
     module = sys.modules.get(like.kind)
     converter = getattr(module, "from_dlpack", None) if module is not None else None
     if converter is None:
-        raise TypeError(
-            f"cannot return the result as a {like.kind} array: {like.kind}.from_dlpack is missing"
-        )
+        raise TypeError(f"cannot return the result as a {like.kind} array: {like.kind}.from_dlpack is missing")
     out = converter(raw)
     if like.dtype == "bfloat16" and like.kind == "torch":
         import torch
@@ -163,9 +161,7 @@ def write_into(out: Any, result: Any, *, name: str = "out") -> None:
     if target.shape != tuple(result.shape):
         raise ValueError(f"{name} has shape {target.shape}, the result has shape {tuple(result.shape)}")
     result_dtype = "bfloat16" if BFLOAT16 is not None and result.dtype == BFLOAT16 else str(result.dtype)
-    if target.dtype != result_dtype and not (
-        target.dtype == "bfloat16" and result_dtype in ("uint16", "int16")
-    ):
+    if target.dtype != result_dtype and not (target.dtype == "bfloat16" and result_dtype in ("uint16", "int16")):
         raise TypeError(f"{name} has dtype {target.dtype}, the result has dtype {result_dtype}")
     if target.on_gpu:
         import cupy
@@ -177,11 +173,7 @@ def write_into(out: Any, result: Any, *, name: str = "out") -> None:
         )
         target.array[...] = src.view(target.array.dtype)
         return
-    host = (
-        result
-        if isinstance(result, np.ndarray)
-        else to_host(Adapted(result, target.dtype, "cupy", True, result))
-    )
+    host = result if isinstance(result, np.ndarray) else to_host(Adapted(result, target.dtype, "cupy", True, result))
     np.copyto(target.array, host.view(target.array.dtype) if host.dtype != target.array.dtype else host)
 
 

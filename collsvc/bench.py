@@ -120,9 +120,7 @@ def run_bench(
         for rank, proc in enumerate(procs):
             _, err = proc.communicate(timeout=timeout)
             if proc.returncode:
-                failures.append(
-                    f"rank {rank} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}"
-                )
+                failures.append(f"rank {rank} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
         if failures:
             raise RuntimeError("benchmark failed:\n" + "\n".join(failures))
         with open(result_path, encoding="utf-8") as handle:

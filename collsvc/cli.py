@@ -60,12 +60,9 @@ def _add_client_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tls-ca",
         metavar="PEM",
-        help="CA that signed the coordinator's certificate (the three TLS flags default to "
-        "$COLLSVC_TLS_CERT/_KEY/_CA)",
+        help="CA that signed the coordinator's certificate (the three TLS flags default to $COLLSVC_TLS_CERT/_KEY/_CA)",
     )
-    parser.add_argument(
-        "--tls-server-name", metavar="NAME", help="name to expect in the coordinator's certificate"
-    )
+    parser.add_argument("--tls-server-name", metavar="NAME", help="name to expect in the coordinator's certificate")
     parser.add_argument(
         "--timeout",
         type=_positive_float,
@@ -77,9 +74,7 @@ def _add_client_args(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``collsvc`` command (every subcommand and flag)."""
-    parser = argparse.ArgumentParser(
-        prog="collsvc", description="Collective communication for distributed training."
-    )
+    parser = argparse.ArgumentParser(prog="collsvc", description="Collective communication for distributed training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser(
@@ -142,12 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coord.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     coord.add_argument("--port", type=int, default=29400, help="port; 0 picks a free one (default: 29400)")
-    coord.add_argument(
-        "--token-file", metavar="FILE", help="file holding the token every client must present"
-    )
-    coord.add_argument(
-        "--tls-cert", metavar="PEM", help="server certificate (mutual TLS; with --tls-key, --tls-ca)"
-    )
+    coord.add_argument("--token-file", metavar="FILE", help="file holding the token every client must present")
+    coord.add_argument("--tls-cert", metavar="PEM", help="server certificate (mutual TLS; with --tls-key, --tls-ca)")
     coord.add_argument("--tls-key", metavar="PEM", help="server private key")
     coord.add_argument("--tls-ca", metavar="PEM", help="CA that client certificates must be signed by")
     coord.add_argument(
@@ -202,9 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _setup_logging(level: str) -> None:
     import logging
 
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
 def read_token_file(path: str | None) -> str | None:

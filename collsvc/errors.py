@@ -200,6 +200,10 @@ def error_from_rpc(exc: grpc.RpcError, what: str) -> CollsvcError | ValueError:
         return ResourceLimitError(message)
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return ValueError(message)
+    if code == grpc.StatusCode.UNAVAILABLE and "handshake" in (detail or "").lower():
+        # gRPC reports a failed TLS handshake (untrusted certificate, TLS against a plaintext port) as
+        # UNAVAILABLE, like an unreachable server; its details text is the only way to tell them apart.
+        return AuthenticationError(f"{what}: TLS handshake failed: {detail}")
     return RendezvousError(f"{what}: coordinator unreachable or failed ({code.name}): {detail}")
 
 

@@ -68,9 +68,7 @@ class LaunchSpec:
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank {self.node_rank} is outside [0, {self.nnodes})")
         if self.nnodes > 1 and self.coordinator is None:
-            raise ValueError(
-                "--nnodes > 1 needs --coordinator HOST:PORT (a coordinator every node can reach)"
-            )
+            raise ValueError("--nnodes > 1 needs --coordinator HOST:PORT (a coordinator every node can reach)")
         if self.grace < 0:
             raise ValueError(f"--grace must be >= 0, got {self.grace}")
         if self.timeout is not None and not self.timeout > 0:
@@ -136,9 +134,7 @@ class Launcher:
         out: where a summary line goes (default ``sys.stderr``).
     """
 
-    def __init__(
-        self, spec: LaunchSpec, *, host: str | None = None, out: Callable[[str], None] | None = None
-    ):
+    def __init__(self, spec: LaunchSpec, *, host: str | None = None, out: Callable[[str], None] | None = None):
         self.spec = spec
         self.host = host or os.environ.get("COLLSVC_HOST") or socket.gethostname()
         self._say = out or (lambda text: write_line(sys.stderr, text + "\n"))

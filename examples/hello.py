@@ -7,8 +7,7 @@ import collsvc
 
 comm = collsvc.init()
 print(
-    f"rank={comm.rank} size={comm.size} local_rank={comm.local_rank} node_rank={comm.node_rank} "
-    f"backend={comm.backend}",
+    f"rank={comm.rank} size={comm.size} local_rank={comm.local_rank} node_rank={comm.node_rank} backend={comm.backend}",
     flush=True,
 )
 comm.barrier()

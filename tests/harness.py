@@ -139,9 +139,7 @@ def run_ranks(
         }
         if assign_ranks:
             child_env["COLLSVC_RANK"] = str(rank)
-        proc = ctx.Process(
-            target=_child, args=(fn, rank, child_env, args, use_init, results, timeout), daemon=True
-        )
+        proc = ctx.Process(target=_child, args=(fn, rank, child_env, args, use_init, results, timeout), daemon=True)
         proc.start()
         procs.append(proc)
     outcomes: dict[int, RankOutcome] = {}
@@ -152,9 +150,7 @@ def run_ranks(
             if remaining <= 0:
                 _dump_and_kill(procs)
                 missing = sorted(set(range(world_size)) - set(outcomes))
-                raise RankFailure(
-                    f"job timed out after {timeout:g}s; ranks {missing} never finished (stacks above)"
-                )
+                raise RankFailure(f"job timed out after {timeout:g}s; ranks {missing} never finished (stacks above)")
             try:
                 rank, status, payload = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:

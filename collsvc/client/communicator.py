@@ -58,9 +58,7 @@ class Communicator:
         self._inter: Communicator | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
-        )
+        return f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
 
     @property
     def global_ranks(self) -> tuple[int, ...]:
@@ -91,6 +89,7 @@ class Communicator:
         on_gpu: bool = False,
         stream: str | None = None,
         spec: GroupSpec | None = None,
+        timeout: float | None = None,
     ) -> T | Work[T]:
         """Numbers a call and runs ``body(call, backend)`` in issue order; maps failures for every rank."""
         self._check_usable()
@@ -104,7 +103,8 @@ class Communicator:
 
         def execute() -> T:
             self._job.failure.check()
-            call = Call(group, stream, seq, signature, time.monotonic() + self._job.options.timeout)
+            limit = self._job.options.timeout if timeout is None else timeout
+            call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)
             record = self._job.progress.start(stream, seq, description)
             try:
                 result = body(call, backend)
@@ -126,9 +126,7 @@ class Communicator:
         return rank
 
     # ---- collectives ------------------------------------------------------------------------------
-    def all_reduce(
-        self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False
-    ) -> Any:
+    def all_reduce(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Every rank gets the elementwise reduction of every rank's ``x``.
 
         Args:
@@ -143,9 +141,7 @@ class Communicator:
         """
         return ops.all_reduce(self, x, op, out=out, async_op=async_op)
 
-    def reduce(
-        self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False
-    ) -> Any:
+    def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
 
         Raises:
@@ -169,9 +165,7 @@ class Communicator:
         """
         return ops.all_gather(self, x, out=out, async_op=async_op)
 
-    def reduce_scatter(
-        self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False
-    ) -> Any:
+    def reduce_scatter(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Rank r gets block r (along axis 0) of the reduction.
 
         Raises:
@@ -233,7 +227,7 @@ class Communicator:
         def body(call: Call, backend: Any) -> None:
             self._job.client.barrier(self.name, self._job.rank, generation, wait)
 
-        self._issue(Signature("barrier", "", ()), body)
+        self._issue(Signature("barrier", "", ()), body, timeout=wait)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``src``'s picklable object on every rank (unpickled only from authenticated peers).

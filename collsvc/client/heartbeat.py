@@ -125,9 +125,7 @@ class ProgressTracker:
         path = os.path.join(directory, f"collsvc-{job_id}-rank{rank}-{os.getpid()}.json")
         try:
             with open(path, "w", encoding="utf-8") as handle:
-                json.dump(
-                    {"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1
-                )
+                json.dump({"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1)
         except OSError as exc:
             log.warning("job %s rank %d: could not write flight recorder to %s: %s", job_id, rank, path, exc)
         for record in records[-8:]:

@@ -63,9 +63,7 @@ def peer_binding(options: InitOptions) -> tuple[str, str]:
     coordinator_host, coordinator_port = split_address(options.coordinator)
     if options.advertise_address:
         advertised, _ = split_address(options.advertise_address)
-        return (
-            "127.0.0.1" if _is_loopback(coordinator_host) and _is_loopback(advertised) else "0.0.0.0"
-        ), advertised
+        return ("127.0.0.1" if _is_loopback(coordinator_host) and _is_loopback(advertised) else "0.0.0.0"), advertised
     if _is_loopback(coordinator_host):
         return "127.0.0.1", "127.0.0.1"
     try:
@@ -196,6 +194,7 @@ class Job:
         for rank in ranks:
             self.departed.setdefault(rank, error)
         self.mailbox.depart(ranks, error)
+        self.ring.depart(ranks, error)  # shared-memory waiters too, not only the gRPC mailbox
 
     def _abort_backends(self, error: BaseException) -> None:
         self.ring.abort(error)
@@ -211,6 +210,11 @@ class Job:
         Timeouts are enriched with who never entered the call; mismatches are reported to the
         coordinator, which fans them out to every member. The job is failed from then on.
         """
+        if isinstance(error, RankFailedError) and self._departure(error):
+            # A member left cleanly and this call needed it: only this call (and later calls of
+            # groups containing it, see Communicator._check_usable) fail; groups without it go on.
+            log.info("job %s rank %d: %s", self.options.job_id, self.rank, error)
+            return error
         if isinstance(error, CollectiveTimeoutError) and self.failure.error() is None:
             error = self._timeout_error(call, error)
         if isinstance(error, CollectiveMismatchError):
@@ -218,20 +222,20 @@ class Job:
             self.client.report(coordinator_pb2.EVENT_KIND_COLLECTIVE_MISMATCH, str(error), details)
         if self.failure.set(error):
             path = self.progress.dump(self.options.job_id, self.rank, error)
-            log.error(
-                "job %s rank %d: %s (recent collectives in %s)", self.options.job_id, self.rank, error, path
-            )
+            log.error("job %s rank %d: %s (recent collectives in %s)", self.options.job_id, self.rank, error, path)
         recorded = self.failure.error()
         return recorded if isinstance(recorded, CollsvcError) else error
+
+    def _departure(self, error: RankFailedError) -> bool:
+        """Whether ``error`` only says that members left cleanly (no failure recorded meanwhile)."""
+        return self.failure.error() is None and bool(error.ranks) and all(rank in self.departed for rank in error.ranks)
 
     def _timeout_error(self, call: Call, error: CollectiveTimeoutError) -> CollectiveTimeoutError:
         waiting = error.waiting_on
         try:
             not_started = self.client.progress(call.group.name, call.seq)
         except CollsvcError as exc:
-            log.warning(
-                "job %s rank %d: could not ask who is missing: %s", self.options.job_id, self.rank, exc
-            )
+            log.warning("job %s rank %d: could not ask who is missing: %s", self.options.job_id, self.rank, exc)
             not_started = []
         if not_started:
             waiting = not_started
@@ -239,12 +243,12 @@ class Job:
         for entry in waiting:
             entry.setdefault("host", hosts.get(int(entry["rank"]), ""))
         named = ", ".join(
-            f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})"
-            for w in waiting
+            f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})" for w in waiting
         )
+        limit = self.options.timeout if call.timeout is None else call.timeout  # barrier(timeout=...)
         return CollectiveTimeoutError(
             f"{call.signature.op} #{call.seq} in group '{call.group.name}' timed out after "
-            f"{self.options.timeout:g}s on rank {self.rank}; waiting on rank {named}",
+            f"{limit:g}s on rank {self.rank}; waiting on rank{'s' if len(waiting) > 1 else ''} {named}",
             waiting,
         )
 
@@ -286,9 +290,7 @@ def connect(options: InitOptions) -> Job:
     client = CoordinatorClient(
         options.coordinator, options.job_id, token=options.token, tls=options.tls, timeout=options.timeout
     )
-    peer_address = (
-        f"[{advertise_host}]:{server.port}" if ":" in advertise_host else f"{advertise_host}:{server.port}"
-    )
+    peer_address = f"[{advertise_host}]:{server.port}" if ":" in advertise_host else f"{advertise_host}:{server.port}"
     started = time.monotonic()
     try:
         join = client.join(
@@ -316,7 +318,5 @@ def connect(options: InitOptions) -> Job:
         peer_address,
     )
     if len(job.members) != options.world_size:
-        raise RendezvousError(
-            f"coordinator returned {len(job.members)} members for a world of {options.world_size}"
-        )
+        raise RendezvousError(f"coordinator returned {len(job.members)} members for a world of {options.world_size}")
     return job

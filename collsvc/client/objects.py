@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collsvc.errors import AuthenticationError
+from collsvc.errors import AuthenticationError, ResourceLimitError
 
 if TYPE_CHECKING:
     from collsvc.client.communicator import Communicator
@@ -29,6 +29,21 @@ def _check_allowed(comm: Communicator) -> None:
     )
 
 
+# Receivers allocate what the senders advertise, so every advertised length is checked first: a forged or
+# corrupt length must not make each rank allocate it (the lengths are the same on every rank, so all
+# ranks refuse together).
+MAX_OBJECT_BYTES = 1 << 30
+
+
+def _check_lengths(lengths: np.ndarray, what: str) -> None:
+    total = int(lengths.max(initial=0)) * lengths.size  # all_gather_object pads every row to the longest
+    if int(lengths.min(initial=0)) < 0 or total > MAX_OBJECT_BYTES:
+        raise ResourceLimitError(
+            f"{what}: pickled objects of {lengths.tolist()} bytes exceed the limit of {MAX_OBJECT_BYTES} bytes "
+            "(or a length is negative)"
+        )
+
+
 def _dumps(obj: Any) -> np.ndarray:
     return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 
@@ -37,6 +52,7 @@ def broadcast_object(comm: Communicator, obj: Any, src: int) -> Any:
     _check_allowed(comm)
     payload = _dumps(obj) if comm.rank == src else np.empty(0, dtype=np.uint8)
     length = comm.broadcast(np.array([payload.size], dtype=np.int64), src)
+    _check_lengths(length, "broadcast_object")
     if comm.rank != src:
         payload = np.empty(int(length[0]), dtype=np.uint8)
     data = comm.broadcast(payload, src)
@@ -47,11 +63,9 @@ def all_gather_object(comm: Communicator, obj: Any) -> list[Any]:
     _check_allowed(comm)
     payload = _dumps(obj)
     lengths = comm.all_gather(np.array([payload.size], dtype=np.int64))
+    _check_lengths(lengths, "all_gather_object")
     width = int(lengths.max())
     padded = np.zeros(width, dtype=np.uint8)
     padded[: payload.size] = payload
     rows = comm.all_gather(padded).reshape(comm.size, width)
-    return [
-        obj if r == comm.rank else pickle.loads(rows[r, : int(lengths[r])].tobytes())
-        for r in range(comm.size)
-    ]
+    return [obj if r == comm.rank else pickle.loads(rows[r, : int(lengths[r])].tobytes()) for r in range(comm.size)]

@@ -156,6 +156,8 @@ def broadcast(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool)
             # Backends only read the source's buffer: send straight from x, and make the source's own
             # result copy afterwards, off the other ranks' critical path.
             flat = _flat(a, dev)
+            if not flat.flags.writeable:  # backends take one buffer type for every rank
+                flat = flat.copy()
             backend.broadcast(call, flat, src)
             if out is x:
                 return out

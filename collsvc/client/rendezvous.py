@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from collsvc.client.backends.ring.grpc_transport import channel_credentials
-from collsvc.errors import CollectiveTimeoutError, error_from_rpc
+from collsvc.errors import AuthenticationError, CollectiveTimeoutError, error_from_rpc
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from collsvc.types import TlsFiles
 
@@ -32,6 +32,12 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 # Extra seconds the client waits beyond a server-side wait, so the server's answer wins the race.
 SERVER_WAIT_MARGIN = 5.0
 
+# The standard health service answers without a token; an empty body asks about the whole server.
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+# gRPC's words for a TLS refusal: this side's handshake failed, or the server accepted the TCP
+# connection and closed it (it refused our certificate, our lack of one, or our plaintext).
+_TLS_REFUSAL_WORDS = ("handshake", "socket closed")
+
 
 def make_channel(address: str, tls: TlsFiles | None) -> grpc.Channel:
     """A channel to the coordinator (mutual TLS when ``tls`` is given)."""
@@ -41,10 +47,7 @@ def make_channel(address: str, tls: TlsFiles | None) -> grpc.Channel:
 
 
 def waiting_from_proto(entries: Any) -> list[dict[str, Any]]:
-    return [
-        {"rank": w.rank, "host": w.host, "last_op": w.last_op, "finished_seq": w.finished_seq}
-        for w in entries
-    ]
+    return [{"rank": w.rank, "host": w.host, "last_op": w.last_op, "finished_seq": w.finished_seq} for w in entries]
 
 
 class CoordinatorClient:
@@ -54,21 +57,18 @@ class CoordinatorClient:
     :class:`~collsvc.errors.RendezvousError` when the coordinator cannot be reached in time.
     """
 
-    def __init__(
-        self, address: str, job_id: str, *, token: str | None, tls: TlsFiles | None, timeout: float
-    ) -> None:
+    def __init__(self, address: str, job_id: str, *, token: str | None, tls: TlsFiles | None, timeout: float) -> None:
         self.address = address
         self.job_id = job_id
         self.timeout = timeout
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self.tls = tls
         self.channel = make_channel(address, tls)
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
         self.rank: int | None = None
         self.member_secret = ""
 
-    def _call(
-        self, method: str, request: Any, what: str, *, timeout: float | None = None, wait: bool = False
-    ) -> Any:
+    def _call(self, method: str, request: Any, what: str, *, timeout: float | None = None, wait: bool = False) -> Any:
         try:
             return getattr(self.stub, method)(
                 request, timeout=timeout or self.timeout, metadata=self.metadata, wait_for_ready=wait
@@ -101,10 +101,44 @@ class CoordinatorClient:
             request.requested_rank = rank
         if local_rank_hint is not None:
             request.local_rank_hint = local_rank_hint
+        self._check_handshake()
         reply = self._call("Join", request, "join", timeout=self.timeout + SERVER_WAIT_MARGIN, wait=True)
         self.rank = reply.rank
         self.member_secret = reply.member_secret
         return reply  # type: ignore[no-any-return]
+
+    def _check_handshake(self, attempts: int = 3) -> None:
+        """Fails fast when the coordinator is up but refuses this client's TLS (or its lack of TLS).
+
+        Join waits for the coordinator to come up (wait_for_ready), so a refused handshake would look
+        like an absent coordinator until the whole timeout passed. A few fail-fast calls to the health
+        service tell them apart: "connection refused" means not up yet (Join then waits), while a
+        handshake error or an accepted-then-closed connection every time means TLS is refused.
+
+        Raises:
+            AuthenticationError: every attempt failed the way a TLS refusal does.
+        """
+        probe = self.channel.unary_unary(HEALTH_CHECK, request_serializer=None, response_deserializer=None)
+        detail = ""
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(0.05)
+            try:
+                probe(b"", timeout=min(self.timeout, 5.0))
+                return
+            except grpc.RpcError as exc:
+                detail = (exc.details() if hasattr(exc, "details") else "") or ""
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not any(
+                    word in detail.lower() for word in _TLS_REFUSAL_WORDS
+                ):
+                    return  # up (or not up yet): Join reports or waits as usual
+        hint = (
+            "the coordinator presumably requires mutual TLS: set COLLSVC_TLS_CERT, COLLSVC_TLS_KEY and COLLSVC_TLS_CA"
+            if self.tls is None
+            else "check that this rank's certificate is signed by the CA the coordinator trusts, that "
+            "COLLSVC_TLS_CA verifies the coordinator's certificate, and that the coordinator serves TLS"
+        )
+        raise AuthenticationError(f"TLS refused by coordinator {self.address} (job '{self.job_id}'): {hint} ({detail})")
 
     def members(self) -> list[common_pb2.Member]:
         reply = self._call("GetMembers", coordinator_pb2.GetMembersRequest(job_id=self.job_id), "get members")
@@ -198,17 +232,13 @@ class CoordinatorClient:
         try:
             self._call("ReportFailure", request, "report failure", timeout=min(self.timeout, 5.0))
         except Exception as exc:  # noqa: BLE001 - reporting must never mask the error being reported
-            log.warning(
-                "job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc
-            )
+            log.warning("job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc)
 
     def leave(self) -> None:
         """Leaves the job cleanly (best effort, short deadline)."""
         if self.rank is None:
             return
-        request = coordinator_pb2.LeaveRequest(
-            job_id=self.job_id, rank=self.rank, member_secret=self.member_secret
-        )
+        request = coordinator_pb2.LeaveRequest(job_id=self.job_id, rank=self.rank, member_secret=self.member_secret)
         deadline = time.monotonic() + min(self.timeout, 5.0)
         try:
             self._call("Leave", request, "leave", timeout=max(deadline - time.monotonic(), 0.1))

@@ -30,9 +30,7 @@ class Work(Generic[T]):
         try:
             self._future.result(timeout)
         except concurrent.futures.TimeoutError:
-            raise CollectiveTimeoutError(
-                f"{self._description} did not complete within {timeout:g}s"
-            ) from None
+            raise CollectiveTimeoutError(f"{self._description} did not complete within {timeout:g}s") from None
         return True
 
     def is_completed(self) -> bool:

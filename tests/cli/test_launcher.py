@@ -99,9 +99,7 @@ def test_rank_killed_by_signal(tmp_path: Path) -> None:
     )
     res = run_cli("run", "-n", "2", "--coordinator", NOWHERE, path, timeout=30)
     assert res.returncode == 128 + 9
-    assert summary_lines(res.stderr) == [
-        f"collsvc run: rank 0 on host {HOST} failed: killed by signal SIGKILL (9)"
-    ]
+    assert summary_lines(res.stderr) == [f"collsvc run: rank 0 on host {HOST} failed: killed by signal SIGKILL (9)"]
     assert res.seconds < 5.0
 
 
@@ -149,9 +147,7 @@ def test_sigterm_to_run_is_forwarded(tmp_path: Path) -> None:
     finally:
         watchdog.cancel()
     assert proc.returncode == 128 + signal.SIGTERM
-    assert summary_lines(err.decode()) == [
-        f"collsvc run: interrupted by SIGTERM; stopped 2 rank(s) on host {HOST}"
-    ]
+    assert summary_lines(err.decode()) == [f"collsvc run: interrupted by SIGTERM; stopped 2 rank(s) on host {HOST}"]
 
 
 def test_job_timeout(tmp_path: Path) -> None:
@@ -223,9 +219,7 @@ def test_describe_exit() -> None:
 def test_rank_env() -> None:
     spec = LaunchSpec(command=["x"], nproc=4, nnodes=3, node_rank=2, coordinator="h:1", job_id="j")
     env = rank_env({"COLLSVC_TOKEN": "stale", "KEEP": "1"}, spec, "h:1", None, 3)
-    assert (
-        env["COLLSVC_RANK"] == "11" and env["COLLSVC_WORLD_SIZE"] == "12" and env["COLLSVC_LOCAL_RANK"] == "3"
-    )
+    assert env["COLLSVC_RANK"] == "11" and env["COLLSVC_WORLD_SIZE"] == "12" and env["COLLSVC_LOCAL_RANK"] == "3"
     assert env["COLLSVC_JOB_ID"] == "j" and env["PYTHONUNBUFFERED"] == "1" and env["KEEP"] == "1"
     assert "COLLSVC_TOKEN" not in env
     assert rank_env({}, spec, "h:1", "t", 0)["COLLSVC_TOKEN"] == "t"

@@ -13,9 +13,7 @@ from collsvc.proto.v1 import common_pb2, coordinator_pb2
 
 
 def test_run_passes_everything_after_the_script_through() -> None:
-    args = cli.build_parser().parse_args(
-        ["run", "-n", "4", "--job-id", "x", "train.py", "-n", "9", "--lr", "1"]
-    )
+    args = cli.build_parser().parse_args(["run", "-n", "4", "--job-id", "x", "train.py", "-n", "9", "--lr", "1"])
     assert (args.nproc, args.job_id, args.module) == (4, "x", False)
     assert args.target == ["train.py", "-n", "9", "--lr", "1"]
     args = cli.build_parser().parse_args(["run", "-m", "pkg.mod", "--x"])
@@ -66,9 +64,7 @@ def _response() -> Any:
         for r in range(4)
     ]
     progress = [
-        common_pb2.Progress(
-            group="world", started_seq=5, finished_seq=4 + (r != 3), last_op="all_reduce(f32[8], SUM)"
-        )
+        common_pb2.Progress(group="world", started_seq=5, finished_seq=4 + (r != 3), last_op="all_reduce(f32[8], SUM)")
         for r in range(4)
     ]
     job = coordinator_pb2.JobStatus(

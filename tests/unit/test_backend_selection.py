@@ -11,9 +11,7 @@ from collsvc.proto.v1 import common_pb2
 
 
 def _gpu(rank: int, uuid: str, host: str = "h0", index: int = 0) -> common_pb2.Member:
-    device = common_pb2.DeviceIdentity(
-        kind="cuda", uuid=uuid, pci_bus_id=f"00000000:{index:02x}:00.0", index=index
-    )
+    device = common_pb2.DeviceIdentity(kind="cuda", uuid=uuid, pci_bus_id=f"00000000:{index:02x}:00.0", index=index)
     return common_pb2.Member(rank=rank, host=host, device=device)
 
 

@@ -29,9 +29,7 @@ def test_local_device_swallows_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken() -> Any:
         raise RuntimeError("driver exploded")
 
-    fake = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=broken))
-    )
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=broken)))
     monkeypatch.setattr(devices, "_cupy", lambda: fake)
     assert devices.local_device(0).kind == "cpu"
 

@@ -74,14 +74,10 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def make_backends(size: int, failure: Failure | None = None) -> list[NcclBackend]:
     kv, barriers = KV(), Barriers(size)
-    return [
-        NcclBackend(r, size, kv, barriers, 5.0, failure or Failure(), watchdog_grace=0.2) for r in range(size)
-    ]
+    return [NcclBackend(r, size, kv, barriers, 5.0, failure or Failure(), watchdog_grace=0.2) for r in range(size)]
 
 
-def call(
-    index: int, size: int, op: str, dtype: str, shape: tuple[int, ...], reduce_op: str = "", seq: int = 1
-) -> Call:
+def call(index: int, size: int, op: str, dtype: str, shape: tuple[int, ...], reduce_op: str = "", seq: int = 1) -> Call:
     group = GroupSpec("world", tuple(range(size)), index)
     return Call(group, "world", seq, Signature(op, dtype, shape, reduce_op), time.monotonic() + 5.0)
 
@@ -256,17 +252,13 @@ def test_unique_id_is_published_once_per_group() -> None:
         lambda b, i: b.broadcast(call(i, 2, "broadcast", "uint8", (3,)), device(np.zeros(3, np.uint8)), 0),
     )
     kv = backends[0]._kv
-    assert (
-        isinstance(kv, KV) and list(kv.data) == ["nccl/world/uid"] and len(kv.data["nccl/world/uid"]) == 128
-    )
+    assert isinstance(kv, KV) and list(kv.data) == ["nccl/world/uid"] and len(kv.data["nccl/world/uid"]) == 128
 
 
 def test_unsupported_reductions_are_type_errors() -> None:
     (b,) = make_backends(1)
     with pytest.raises(TypeError, match="int16") as info:
-        b.all_reduce(
-            call(0, 1, "all_reduce", "int16", (4,), "sum"), device(np.zeros(4, np.int16)), ReduceOp.SUM
-        )
+        b.all_reduce(call(0, 1, "all_reduce", "int16", (4,), "sum"), device(np.zeros(4, np.int16)), ReduceOp.SUM)
     assert "float32" in str(info.value)  # names what is supported
     with pytest.raises(TypeError, match="complex"):
         plan_reduction(ReduceOp.PRODUCT, "complex64", 22105)

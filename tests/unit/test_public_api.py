@@ -58,9 +58,7 @@ def test_exported_members() -> None:
     assert set(collsvc.__all__) >= API_NAMES
     for name in collsvc.__all__:
         assert hasattr(collsvc, name), name
-    assert all(
-        issubclass(getattr(collsvc, n), collsvc.CollsvcError) for n in API_NAMES if n.endswith("Error")
-    )
+    assert all(issubclass(getattr(collsvc, n), collsvc.CollsvcError) for n in API_NAMES if n.endswith("Error"))
 
 
 def test_communicator_methods() -> None:

@@ -72,7 +72,8 @@ class Call:
     """One collective call as the backend sees it.
 
     ``key`` names the stream of calls the sequence number counts in: the group name for collectives,
-    ``"<group>/p2p/<src>-<dst>/<tag>"`` for point-to-point. ``deadline`` is ``time.monotonic()`` based.
+    ``"<group>/p2p/<src>-<dst>/<tag>"`` for point-to-point. ``deadline`` is ``time.monotonic()`` based;
+    ``timeout`` is the number of seconds it stands for (None: the job's timeout), for error messages.
     """
 
     group: GroupSpec
@@ -80,6 +81,7 @@ class Call:
     seq: int
     signature: Signature
     deadline: float
+    timeout: float | None = None
 
 
 class Channel(Protocol):

@@ -270,9 +270,7 @@ class NcclBackend:
                 else:
                     gc.destroy()
             except Exception as exc:
-                log.warning(
-                    "rank %d: closing NCCL communicator of group %r: %s", self.rank, gc.group.name, exc
-                )
+                log.warning("rank %d: closing NCCL communicator of group %r: %s", self.rank, gc.group.name, exc)
 
     # ----------------------------------------------------------------- the template
 
@@ -299,9 +297,7 @@ class NcclBackend:
                 try:
                     with gc.lock:
                         if gc.aborted:
-                            raise pending.fail(
-                                self._broken or CollsvcError(f"nccl {desc}: communicator aborted")
-                            )
+                            raise pending.fail(self._broken or CollsvcError(f"nccl {desc}: communicator aborted"))
                         body(gc, int(gc.stream.ptr))
                     done = cuda.Event(disable_timing=True)
                     done.record(gc.stream)
@@ -363,9 +359,7 @@ class NcclBackend:
                 self._comms[group.name] = gc
                 log.info("rank %d: NCCL communicator for group %r on GPU %d", self.rank, group.name, device)
         if gc.group.ranks != group.ranks:
-            raise ValueError(
-                f"group {group.name!r} has ranks {list(gc.group.ranks)}, not {list(group.ranks)}"
-            )
+            raise ValueError(f"group {group.name!r} has ranks {list(gc.group.ranks)}, not {list(group.ranks)}")
         if gc.device != device:
             raise ValueError(f"group {group.name!r} runs on GPU {gc.device}; this array is on GPU {device}")
         return gc
@@ -388,8 +382,7 @@ class NcclBackend:
     def _need_p2p(self, call: Call) -> None:
         if not self._p2p:
             raise BackendUnavailableError(
-                f"{call.signature.op} on the nccl backend needs NCCL >= 2.7 send/recv "
-                f"(version code {self._version})"
+                f"{call.signature.op} on the nccl backend needs NCCL >= 2.7 send/recv (version code {self._version})"
             )
 
     @contextlib.contextmanager

@@ -45,9 +45,7 @@ def load_cupy() -> tuple[Any, Any]:
         import cupy
         from cupy.cuda import nccl
     except Exception as exc:
-        raise BackendUnavailableError(
-            f"the nccl backend needs CuPy ({exc}); install it with {INSTALL_HINT}"
-        ) from exc
+        raise BackendUnavailableError(f"the nccl backend needs CuPy ({exc}); install it with {INSTALL_HINT}") from exc
     if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
         raise BackendUnavailableError(
             f"CuPy {getattr(cupy, '__version__', '?')} cannot load the NCCL library; install it with "
@@ -175,8 +173,7 @@ def create_group_comm(
             raise as_collsvc_error(recorded, f"init of group {group.name!r}")
         if time.monotonic() >= deadline and thread.is_alive():
             raise CollectiveTimeoutError(
-                f"nccl communicator init for group {group.name!r} did not finish in time "
-                f"(ranks {list(group.ranks)})",
+                f"nccl communicator init for group {group.name!r} did not finish in time (ranks {list(group.ranks)})",
                 waiting_on=[],
             )
     if "error" in result:

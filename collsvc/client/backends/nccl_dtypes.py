@@ -145,9 +145,7 @@ def plan_reduction(op: ReduceOp, dtype: str, nccl_version: int, has_avg: bool = 
     return ReducePlan(Mode.NATIVE, nccl_dtype, view, factor, nccl_op=_NATIVE_OPS[op])
 
 
-def describe(
-    signature_op: str, dtype: str, shape: tuple[int, ...], reduce_op: str, group: str, seq: int
-) -> str:
+def describe(signature_op: str, dtype: str, shape: tuple[int, ...], reduce_op: str, group: str, seq: int) -> str:
     """A one-line description of a call for errors and logs, e.g. ``all_reduce(float32[1024], sum)``."""
     dims = ",".join(str(d) for d in shape)
     extra = f", {reduce_op}" if reduce_op else ""

@@ -50,9 +50,7 @@ class Pending:
     function that aborts its communicators and marks itself broken.
     """
 
-    def __init__(
-        self, description: str, deadline: float, timeout: float, on_fail: Callable[[CollsvcError], None]
-    ):
+    def __init__(self, description: str, deadline: float, timeout: float, on_fail: Callable[[CollsvcError], None]):
         self.description = description
         self.deadline = deadline
         self.timeout = timeout
@@ -77,8 +75,7 @@ class Pending:
 
     def timeout_error(self) -> CollectiveTimeoutError:
         return CollectiveTimeoutError(
-            f"nccl {self.description} did not complete within {self.timeout:.3g}s; "
-            "the NCCL communicator was aborted",
+            f"nccl {self.description} did not complete within {self.timeout:.3g}s; the NCCL communicator was aborted",
             waiting_on=[],
         )
 

@@ -15,7 +15,7 @@ import grpc
 
 from collsvc.errors import RendezvousError
 from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
-from collsvc.server.interceptors import Context, translate_errors
+from collsvc.server.interceptors import Context, lenient_deserializer, translate_errors
 from collsvc.server.services.convert import device_from_proto, job_status, waiting_protos
 from collsvc.server.services.hub import Hub, wait_event
 from collsvc.server.services.watch import watch
@@ -233,7 +233,7 @@ def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> N
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                behavior, request_deserializer=request_cls.FromString, response_serializer=serialize
+                behavior, request_deserializer=lenient_deserializer(request_cls), response_serializer=serialize
             )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("collsvc.proto.v1.Coordinator", handlers),))
 

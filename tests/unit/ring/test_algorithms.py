@@ -306,9 +306,7 @@ def test_in_place_aliases() -> None:
         width = 4
         gathered = np.zeros(size * width, np.int64)
         gathered[rank * width : (rank + 1) * width] = rank + 1
-        algorithms.all_gather(
-            channel_for(0), gathered[rank * width : (rank + 1) * width], gathered, chunk_bytes=16
-        )
+        algorithms.all_gather(channel_for(0), gathered[rank * width : (rank + 1) * width], gathered, chunk_bytes=16)
         src = rows[rank, : size * width].copy()
         algorithms.reduce_scatter(
             channel_for(1), src, src[rank * width : (rank + 1) * width], ReduceOp.SUM, chunk_bytes=16

@@ -136,9 +136,7 @@ def assert_equal_values(got: np.ndarray, expected: np.ndarray, what: str) -> Non
         assert np.array_equal(got.astype(wide), expected.astype(wide)), what
 
 
-def exact_inputs(
-    rng: np.random.Generator, dtype: np.dtype, op: ReduceOp, size: int, length: int
-) -> np.ndarray:
+def exact_inputs(rng: np.random.Generator, dtype: np.dtype, op: ReduceOp, size: int, length: int) -> np.ndarray:
     """``size`` rows of inputs whose reduction every dtype represents exactly, whatever the order."""
     if dtype.kind == "b":
         return rng.integers(0, 2, (size, length)).astype(bool)

@@ -27,7 +27,14 @@ def test_different_digests_raise_on_every_rank_and_the_group_stays_usable() -> N
         return info.value.details
 
     details = run_group(3, work)
-    assert details[0] == details[1] == details[2] == {0: f"{100:#018x}", 1: f"{100:#018x}", 2: f"{101:#018x}"}
+    assert details[0] == details[1] == details[2]
+    # Per-rank values of each call (decoded descriptors), with the digests that differ.
+    assert {rank: d["digest"] for rank, d in details[0].items()} == {
+        0: f"{100:#018x}",
+        1: f"{100:#018x}",
+        2: f"{101:#018x}",
+    }
+    assert details[0][0]["op"] == "all_reduce" and details[0][0]["reduce_op"] == "SUM"
 
 
 def test_different_calls_are_caught_without_a_digest() -> None:

@@ -139,9 +139,7 @@ def reduce_scatter(
     ring_reduce_scatter(ch, src, out, op, per_chunk)
 
 
-def all_gather(
-    ch: Channel, src: np.ndarray, out: np.ndarray, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> None:
+def all_gather(ch: Channel, src: np.ndarray, out: np.ndarray, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
     """``out`` becomes the concatenation of every rank's ``src`` in rank order (ring).
 
     Args:
@@ -250,9 +248,7 @@ def gather(
     if ch.rank == root:
         if out is None:
             raise ValueError("gather needs an output array on the root")
-        _check_pair(
-            src, out, out.shape[0] == ch.size * src.shape[0], "out must have size * len(src) elements"
-        )
+        _check_pair(src, out, out.shape[0] == ch.size * src.shape[0], "out must have size * len(src) elements")
     direct_gather(ch, src, out, root, elements_per_chunk(src.dtype, chunk_bytes))
 
 
@@ -277,15 +273,11 @@ def scatter(
     if ch.rank == root:
         if src is None:
             raise ValueError("scatter needs an input array on the root")
-        _check_pair(
-            src, out, src.shape[0] == ch.size * out.shape[0], "src must have size * len(out) elements"
-        )
+        _check_pair(src, out, src.shape[0] == ch.size * out.shape[0], "src must have size * len(out) elements")
     direct_scatter(ch, src, out, root, elements_per_chunk(out.dtype, chunk_bytes))
 
 
-def all_to_all(
-    ch: Channel, src: np.ndarray, out: np.ndarray, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> None:
+def all_to_all(ch: Channel, src: np.ndarray, out: np.ndarray, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
     """Block ``j`` of rank ``i``'s ``src`` becomes block ``i`` of rank ``j``'s ``out``.
 
     Args:

@@ -71,9 +71,7 @@ def ring_pass(
             if c >= counts[incoming_block]:
                 continue
             where = part(incoming_block, c)
-            incoming = recv_array(
-                ch, left, step_id(PHASE_RING, k * per_round + c), dtype, where.stop - where.start
-            )
+            incoming = recv_array(ch, left, step_id(PHASE_RING, k * per_round + c), dtype, where.stop - where.start)
             if k < reduce_rounds and op is not None:
                 reduce_into(op, buf[where], incoming)
             else:
@@ -159,9 +157,7 @@ def chain_broadcast(ch: Channel, buf: np.ndarray, root: int, per_chunk: int) -> 
     for c in range(chunks):
         where = chunk_slice(0, length, c, per_chunk)
         if virtual > 0:
-            buf[where] = recv_array(
-                ch, left, step_id(PHASE_BCAST_CHAIN, c), buf.dtype, where.stop - where.start
-            )
+            buf[where] = recv_array(ch, left, step_id(PHASE_BCAST_CHAIN, c), buf.dtype, where.stop - where.start)
         if virtual < n - 1:
             send_array(ch, right, step_id(PHASE_BCAST_CHAIN, c), buf[where])
 

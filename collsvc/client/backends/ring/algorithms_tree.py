@@ -28,9 +28,7 @@ from collsvc.client.backends.ring.reduction import reduce_into, reduce_to
 from collsvc.types import ReduceOp
 
 
-def _combine(
-    ch: Channel, peer: int, step: int, buf: np.ndarray, where: slice, op: ReduceOp, lower: bool
-) -> None:
+def _combine(ch: Channel, peer: int, step: int, buf: np.ndarray, where: slice, op: ReduceOp, lower: bool) -> None:
     """Receives the peer's chunk and reduces it into ``buf`` as (lower rank's) OP (higher rank's).
 
     Both partners hold the same two operands and apply them in the same order, so they compute the
@@ -125,8 +123,6 @@ def tree_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp, root: int, per_chunk
             child = (r + mask) % n
             for c in range(chunks):
                 where = chunk_slice(0, length, c, per_chunk)
-                incoming = recv_array(
-                    ch, child, step_id(PHASE_REDUCE_TREE, c), buf.dtype, where.stop - where.start
-                )
+                incoming = recv_array(ch, child, step_id(PHASE_REDUCE_TREE, c), buf.dtype, where.stop - where.start)
                 reduce_into(op, buf[where], incoming)
         mask <<= 1

@@ -24,6 +24,7 @@ from collsvc.client.backends.base import Call, Channel, GroupSpec
 from collsvc.client.backends.ring import algorithms
 from collsvc.client.backends.ring.reduction import finish_average
 from collsvc.client.backends.ring.topology import Topology, plan
+from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
 
 LocalGroupFactory = Callable[[str, int, int], Any]  # (namespace, local_rank, local_size) -> LocalGroup
@@ -42,13 +43,17 @@ class LocalGroups:
         self._groups: dict[tuple[str, tuple[int, ...]], Any] = {}
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        self._departed: dict[int, BaseException] = {}
 
     def get(self, name: str, local: tuple[int, ...], local_index: int) -> Any:
         key = (name, local)
         with self._lock:
             group = self._groups.get(key)
+            departed = next((self._departed[r] for r in local if r in self._departed), None)
         if group is not None:
             return group
+        if departed is not None:
+            raise departed  # a group with a member that left would wait for it until the timeout
         if self._factory is None:
             from collsvc.client.backends.shm.group import LocalGroup
 
@@ -69,6 +74,19 @@ class LocalGroups:
         with self._lock:
             self._error = self._error or error
             groups = list(self._groups.values())
+        for group in groups:
+            group.fail(error)
+
+    def depart(self, ranks: list[int], error: BaseException) -> None:
+        """Fails the groups that contain a rank that left the job cleanly; the others go on.
+
+        Without this a survivor blocked in a shared-memory step with a departed rank would wait for it
+        until the call's timeout (the gRPC path learns it through ``Mailbox.depart``).
+        """
+        with self._lock:
+            for rank in ranks:
+                self._departed.setdefault(rank, error)
+            groups = [g for (_, local), g in self._groups.items() if set(local) & set(ranks)]
         for group in groups:
             group.fail(error)
 
@@ -115,12 +133,23 @@ class RingBackend:
             topo = self._plans[key] = plan(group, self._hosts)
         return topo
 
+    def _local_ranks(self, call: Call) -> tuple[int, ...]:
+        topo = self._topology(call.group)
+        return topo.local if topo is not None else call.group.ranks
+
     def _shared(self, call: Call) -> Any:
         """The LocalGroup for a call whose whole group is on this host, else None."""
         topo = self._topology(call.group)
         if topo is None or self._local_groups is None or not topo.single_host or call.group.size == 1:
             return None
         return self._local_groups.get(call.key, topo.local, topo.local_index)
+
+    def _local(self, call: Call, local: tuple[int, ...], body: Callable[[], None]) -> None:
+        """Runs a shared-memory step, naming mismatches by global rank with this rank's full call."""
+        try:
+            body()
+        except CollectiveMismatchError as exc:
+            raise global_mismatch(call, local, exc) from exc
 
     def _run(self, call: Call, body: Callable[[Channel], Any]) -> None:
         channel = self._channel_for(call)
@@ -138,7 +167,11 @@ class RingBackend:
         shared = self._shared(call)
         topo = self._topology(call.group)
         if shared is not None:
-            shared.all_reduce(buf, inner, call.deadline, digest=call.signature.digest)
+            self._local(
+                call,
+                self._local_ranks(call),
+                lambda: shared.all_reduce(buf, inner, call.deadline, digest=call.signature.digest),
+            )
         elif topo is not None and self._use_hierarchy(topo):
             self._hierarchical_all_reduce(call, buf, inner, topo)
         else:
@@ -159,7 +192,11 @@ class RingBackend:
             shared = self._local_groups.get(local_call.key, topo.local, topo.local_index)
         # 1. reduce within the host to its leader (local index 0)
         if shared is not None:
-            shared.reduce(buf, op, 0, call.deadline, digest=call.signature.digest)
+            self._local(
+                call,
+                self._local_ranks(call),
+                lambda: shared.reduce(buf, op, 0, call.deadline, digest=call.signature.digest),
+            )
         elif len(topo.local) > 1:
             self._run(local_call, lambda ch: algorithms.reduce(ch, buf, op, 0))
         # 2. all_reduce across host leaders
@@ -168,7 +205,11 @@ class RingBackend:
             self._run(leaders_call, lambda ch: algorithms.all_reduce(ch, buf, op))
         # 3. broadcast within the host from its leader
         if shared is not None:
-            shared.broadcast(buf, 0, call.deadline, digest=call.signature.digest)
+            self._local(
+                call,
+                self._local_ranks(call),
+                lambda: shared.broadcast(buf, 0, call.deadline, digest=call.signature.digest),
+            )
         elif len(topo.local) > 1:
             self._run(local_call, lambda ch: algorithms.broadcast(ch, buf, 0))
 
@@ -176,7 +217,11 @@ class RingBackend:
         inner = ReduceOp.SUM if op is ReduceOp.AVG else op
         shared = self._shared(call)
         if shared is not None:
-            shared.reduce(buf, inner, root, call.deadline, digest=call.signature.digest)
+            self._local(
+                call,
+                self._local_ranks(call),
+                lambda: shared.reduce(buf, inner, root, call.deadline, digest=call.signature.digest),
+            )
         else:
             self._run(call, lambda ch: algorithms.reduce(ch, buf, inner, root))
         if op is ReduceOp.AVG and call.group.index == root:
@@ -185,14 +230,22 @@ class RingBackend:
     def broadcast(self, call: Call, buf: np.ndarray, root: int) -> None:
         shared = self._shared(call)
         if shared is not None:
-            shared.broadcast(buf, root, call.deadline, digest=call.signature.digest)
+            self._local(
+                call,
+                self._local_ranks(call),
+                lambda: shared.broadcast(buf, root, call.deadline, digest=call.signature.digest),
+            )
         else:
             self._run(call, lambda ch: algorithms.broadcast(ch, buf, root))
 
     def all_gather(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
         shared = self._shared(call)
         if shared is not None:
-            shared.all_gather(src, out, call.deadline, digest=call.signature.digest)
+            self._local(
+                call,
+                self._local_ranks(call),
+                lambda: shared.all_gather(src, out, call.deadline, digest=call.signature.digest),
+            )
         else:
             self._run(call, lambda ch: algorithms.all_gather(ch, src, out))
 
@@ -200,7 +253,11 @@ class RingBackend:
         inner = ReduceOp.SUM if op is ReduceOp.AVG else op
         shared = self._shared(call)
         if shared is not None:
-            shared.reduce_scatter(src, out, inner, call.deadline, digest=call.signature.digest)
+            self._local(
+                call,
+                self._local_ranks(call),
+                lambda: shared.reduce_scatter(src, out, inner, call.deadline, digest=call.signature.digest),
+            )
         else:
             self._run(call, lambda ch: algorithms.reduce_scatter(ch, src, out, inner))
         if op is ReduceOp.AVG:
@@ -228,3 +285,22 @@ class RingBackend:
     def abort(self, error: BaseException) -> None:
         if self._local_groups is not None:
             self._local_groups.fail(error)
+
+    def depart(self, ranks: list[int], error: BaseException) -> None:
+        """Ranks left the job cleanly: calls that need them raise ``error``; the others go on."""
+        if self._local_groups is not None:
+            self._local_groups.depart(ranks, error)
+
+
+def global_mismatch(call: Call, local: tuple[int, ...], error: CollectiveMismatchError) -> CollectiveMismatchError:
+    """A shared-memory mismatch (details keyed by local rank) keyed by global rank instead, with this
+    rank's entry replaced by its full signature."""
+    details: dict[int, Any] = {
+        local[key] if isinstance(key, int) and 0 <= key < len(local) else key: value
+        for key, value in error.details.items()
+    }
+    details[call.group.ranks[call.group.index]] = call.signature.describe()
+    calls = "; ".join(f"rank {rank} called {value}" for rank, value in sorted(details.items()))
+    return CollectiveMismatchError(
+        f"collective mismatch at call #{call.seq} in group '{call.group.name}': {calls}", details
+    )

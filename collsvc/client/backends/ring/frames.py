@@ -37,9 +37,7 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def encode_header(
-    src: int, key: int, seq: int, step: int, digest: int, signature: bytes, nbytes: int
-) -> bytes:
+def encode_header(src: int, key: int, seq: int, step: int, digest: int, signature: bytes, nbytes: int) -> bytes:
     """The header plus signature bytes for a payload of ``nbytes``.
 
     The signature is padded with JSON-neutral spaces so the payload starts 64-byte aligned within the
@@ -47,9 +45,7 @@ def encode_header(
     """
     padding = -(HEADER.size + len(signature)) % 64
     signature = signature + b" " * padding
-    return (
-        HEADER.pack(MAGIC, VERSION, 0, len(signature), src, key, seq, step, 0, digest, nbytes, 0) + signature
-    )
+    return HEADER.pack(MAGIC, VERSION, 0, len(signature), src, key, seq, step, 0, digest, nbytes, 0) + signature
 
 
 def decode(frame: bytes, max_payload: int) -> tuple[FrameHeader, memoryview]:

@@ -174,9 +174,7 @@ class GrpcTransport:
                 else:
                     channel = grpc.insecure_channel(address, options=options)
                 self._channels[rank] = channel
-                self._senders[rank] = channel.unary_unary(
-                    DELIVER, request_serializer=None, response_deserializer=None
-                )
+                self._senders[rank] = channel.unary_unary(DELIVER, request_serializer=None, response_deserializer=None)
             return self._senders[rank]
 
     def channel(self, call: Call) -> GrpcChannel:
@@ -235,8 +233,11 @@ class GrpcChannel:
     def _record(self, error: CollsvcError) -> None:
         if self._error is None:
             self._error = error
+        mailbox = self._transport.mailbox
+        if isinstance(error, RankFailedError) and error.ranks and all(map(mailbox.has_departed, error.ranks)):
+            return  # the peer left cleanly: only this call fails (flush raises), other groups go on
         # A failed delivery means the peer is unreachable: wake this rank's waiters now.
-        self._transport.mailbox.fail(error)
+        mailbox.fail(error)
 
     def send(self, dst: int, step: int, payload: memoryview | bytes) -> None:
         if self._error is not None:
@@ -246,14 +247,12 @@ class GrpcChannel:
             self._transport.rank, self._key, self._call.seq, step, self._digest, self._signature, view.nbytes
         )
         data = b"".join((header, view))
-        self._pending.append(
-            self._transport.send_frame(self._ranks[dst], data, self._call.deadline, self._record)
-        )
+        self._pending.append(self._transport.send_frame(self._ranks[dst], data, self._call.deadline, self._record))
 
     def recv(self, src: int, step: int) -> memoryview:
         src_rank = self._ranks[src]
         key = (self._key, self._call.seq, step, src_rank)
-        taken = self._transport.mailbox.take(key, self._call.deadline)
+        taken = self._transport.mailbox.take(key, self._call.deadline, self._digest)
         if taken is None:
             raise CollectiveTimeoutError(
                 f"{self._call.signature.op} #{self._call.seq} in group '{self._call.group.name}': "
@@ -261,8 +260,8 @@ class GrpcChannel:
                 [{"rank": src_rank}],
             )
         header, payload = taken
-        if header.digest != self._digest:
-            raise mismatch_error(self._call, self._transport.rank, src_rank, header.signature)
+        if header.digest != self._digest:  # header.src: the mailbox may hand over another peer's frame
+            raise mismatch_error(self._call, self._transport.rank, header.src, header.signature)
         return payload
 
     def flush(self) -> None:
@@ -281,9 +280,7 @@ class GrpcChannel:
         self._pending.clear()
 
 
-def mismatch_error(
-    call: Call, my_rank: int, other_rank: int, other_signature: bytes
-) -> CollectiveMismatchError:
+def mismatch_error(call: Call, my_rank: int, other_rank: int, other_signature: bytes) -> CollectiveMismatchError:
     """The error for a frame whose sender called something else at the same sequence number."""
     import json
 

@@ -36,8 +36,13 @@ class Mailbox:
             self._frames[key] = _Arrived(header, payload)
             self._cond.notify_all()
 
-    def take(self, key: FrameKey, deadline: float) -> tuple[FrameHeader, memoryview] | None:
+    def take(self, key: FrameKey, deadline: float, digest: int | None = None) -> tuple[FrameHeader, memoryview] | None:
         """Removes and returns the frame ``key``, or None when ``deadline`` passed first.
+
+        With ``digest`` (the waiting call's signature digest), a frame of the same call and sequence
+        from any peer whose digest differs is returned instead while ``key`` is missing: a peer that
+        called another collective sends frames with other step ids or to other ranks, which the
+        awaited key would never match, so the caller would otherwise wait out the timeout.
 
         Raises:
             BaseException: the failure recorded by :meth:`fail`, when the frame is not there.
@@ -47,6 +52,10 @@ class Mailbox:
                 arrived = self._frames.pop(key, None)
                 if arrived is not None:
                     return arrived.header, arrived.payload
+                if digest is not None:
+                    odd = self._mismatched(key, digest)
+                    if odd is not None:
+                        return odd.header, odd.payload
                 if self._failure is not None:
                     raise self._failure
                 departed = self._departed.get(key[3])
@@ -56,6 +65,13 @@ class Mailbox:
                 if remaining <= 0:
                     return None
                 self._cond.wait(remaining)
+
+    def _mismatched(self, key: FrameKey, digest: int) -> _Arrived | None:
+        # Slow path only (the awaited frame is missing); frames in flight are few, so a scan is cheap.
+        for other, arrived in self._frames.items():
+            if other[0] == key[0] and other[1] == key[1] and arrived.header.digest != digest:
+                return self._frames.pop(other)
+        return None
 
     def fail(self, error: BaseException) -> None:
         """Records the first failure and wakes every waiter."""
@@ -71,6 +87,11 @@ class Mailbox:
             for rank in ranks:
                 self._departed.setdefault(rank, error)
             self._cond.notify_all()
+
+    def has_departed(self, rank: int) -> bool:
+        """Whether global ``rank`` left the job cleanly (see :meth:`depart`)."""
+        with self._cond:
+            return rank in self._departed
 
     def discard(self, key_hash: int, seq: int) -> None:
         """Drops leftover frames of one call (after it failed)."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
 
 from collsvc.errors import CollectiveMismatchError
-from collsvc.types import OP_CODES, ReduceOp
+from collsvc.types import DTYPE_CODES, OP_CODES, ReduceOp, numpy_dtype
 
 _DESC = struct.Struct("<QIIqqI")  # digest, collective, dtype code, count, root (-1: none), op code
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
@@ -27,26 +29,41 @@ def encode(collective: str, dtype: np.dtype, count: int, op: ReduceOp | None, ro
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _dtype_names() -> dict[int, str]:
+    names: dict[int, str] = {}
+    for name in DTYPE_CODES:
+        try:
+            dtype = numpy_dtype(name)
+        except TypeError:  # bfloat16 without ml_dtypes
+            continue
+        names[zlib.crc32(f"{dtype.name}/{dtype.str}".encode())] = name
+    return names
+
+
+def describe(body: bytes) -> dict[str, Any] | str:
+    """A rank's call as far as its descriptor tells: collective, dtype, element count, op, root and the
+    digest of its full signature (which also covers the shape). "?" for an unreadable descriptor."""
+    if len(body) != _DESC.size:
+        return "?"
+    digest, coll, dtype, count, root, op = _DESC.unpack(body)
+    return {
+        "op": COLLECTIVES[coll] if coll < len(COLLECTIVES) else f"#{coll}",
+        "dtype": _dtype_names().get(dtype, f"#{dtype:08x}"),
+        "count": count,
+        "reduce_op": _OP_NAMES.get(op, ""),
+        "root": None if root < 0 else root,
+        "digest": f"{digest:#018x}",
+    }
+
+
 def mismatch(where: str, bodies: list[bytes], mine: str) -> CollectiveMismatchError:
     """The error every rank raises when ``bodies`` (one per local rank) differ.
 
-    ``details`` maps each local rank to its digest in hex when the caller's digests differ, else to a
-    description of its call (the digests agree, so the calls differ in what the digest did not cover).
+    ``details`` maps each local rank to :func:`describe` of its descriptor (per-rank values, as
+    CollectiveMismatchError promises; digests alone named no difference a user could act on).
     """
-    decoded = [_DESC.unpack(b) if len(b) == _DESC.size else None for b in bodies]
-    digests = {d[0] for d in decoded if d is not None}
-    details: dict[int, str] = {}
-    for rank, desc in enumerate(decoded):
-        if desc is None:
-            details[rank] = "?"
-        elif len(digests) > 1:
-            details[rank] = f"{desc[0]:#018x}"
-        else:
-            _, coll, dtype, count, root, op = desc
-            details[rank] = (
-                f"{COLLECTIVES[coll]} dtype#{dtype:08x} x{count} op={_OP_NAMES.get(op, '-')} "
-                f"root={None if root < 0 else root}"
-            )
+    details: dict[int, Any] = {rank: describe(body) for rank, body in enumerate(bodies)}
     return CollectiveMismatchError(
         f"{where}: local ranks called different collectives: {details}; this rank: {mine}", details
     )
