@@ -7,7 +7,8 @@ Usage:
 For every (ranks, op) it alternates the two libraries ``--repeats`` times (collsvc, gloo, collsvc,
 gloo, ...) so machine noise hits both alike, takes each size's median time, and prints a table with
 both bus bandwidths and their ratio. With ``--write`` the table replaces the block between the
-``<!-- compare_gloo:begin -->`` and ``<!-- compare_gloo:end -->`` markers of that file.
+``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` markers of that file (NAME from ``--block``,
+default ``compare_gloo``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from collsvc.bench import bus_factor, parse_size, plot, run_bench  # noqa: E402
-
-BEGIN, END = "<!-- compare_gloo:begin -->", "<!-- compare_gloo:end -->"
 
 
 def free_port() -> int:
@@ -87,6 +86,7 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--write", help="markdown file whose compare_gloo block gets the table")
+    parser.add_argument("--block", default="compare_gloo", help="name of the marker pair --write replaces")
     parser.add_argument("--plot", help="PNG of bus bandwidth vs size (needs matplotlib)")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -115,6 +115,7 @@ def main() -> int:
     table = "\n".join(lines)
     command = "python benchmarks/compare_gloo.py " + " ".join(sys.argv[1:])
     if args.write:
+        BEGIN, END = f"<!-- {args.block}:begin -->", f"<!-- {args.block}:end -->"
         path = Path(args.write)
         text = path.read_text() if path.exists() else f"{BEGIN}\n{END}\n"
         if BEGIN not in text:

@@ -33,24 +33,48 @@ if TYPE_CHECKING:  # the public names, for type checkers and IDEs; loaded lazily
     )
     from collsvc.client.communicator import Communicator
     from collsvc.client.work import Work
+    from collsvc.errors import (
+        AbortedError,
+        AuthenticationError,
+        BackendUnavailableError,
+        CollectiveMismatchError,
+        CollectiveTimeoutError,
+        CollsvcError,
+        RankFailedError,
+        RendezvousError,
+        ResourceLimitError,
+    )
+    from collsvc.types import ReduceOp
 
-from collsvc.errors import (
-    AbortedError,
-    AuthenticationError,
-    BackendUnavailableError,
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    CollsvcError,
-    RankFailedError,
-    RendezvousError,
-    ResourceLimitError,
-)
-from collsvc.types import ReduceOp
+    SUM = ReduceOp.SUM
+    PRODUCT = ReduceOp.PRODUCT
+    MIN = ReduceOp.MIN
+    MAX = ReduceOp.MAX
+    BAND = ReduceOp.BAND
+    BOR = ReduceOp.BOR
+    BXOR = ReduceOp.BXOR
+    AVG = ReduceOp.AVG
 
 _LAZY = {
     "Communicator": "collsvc.client.communicator",
     "Work": "collsvc.client.work",
+    "ReduceOp": "collsvc.types",
+    **{
+        name: "collsvc.errors"
+        for name in (
+            "AbortedError",
+            "AuthenticationError",
+            "BackendUnavailableError",
+            "CollectiveMismatchError",
+            "CollectiveTimeoutError",
+            "CollsvcError",
+            "RankFailedError",
+            "RendezvousError",
+            "ResourceLimitError",
+        )
+    },
 }
+_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")
 
 
 def __getattr__(name: str) -> Any:
@@ -59,21 +83,14 @@ def __getattr__(name: str) -> Any:
 
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _OPS:
+        return getattr(importlib.import_module("collsvc.types").ReduceOp, name)
     if not name.startswith("__"):
         api = importlib.import_module("collsvc._api")
         if hasattr(api, name):
             return getattr(api, name)
     raise AttributeError(f"module 'collsvc' has no attribute {name!r}")
 
-
-SUM = ReduceOp.SUM
-PRODUCT = ReduceOp.PRODUCT
-MIN = ReduceOp.MIN
-MAX = ReduceOp.MAX
-BAND = ReduceOp.BAND
-BOR = ReduceOp.BOR
-BXOR = ReduceOp.BXOR
-AVG = ReduceOp.AVG
 
 __version__ = "0.1.0"
 
