@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         default=1.0,
         metavar="S",
-        help="heartbeat interval the members are told to use (default: 1)",
+        help="the interval members are expected to beat at; the coordinator checks every S/2 seconds "
+        "(members set theirs with COLLSVC_HEARTBEAT_INTERVAL; default: 1)",
     )
     _add_log_level(coord)
 

@@ -16,6 +16,8 @@ Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this
 ``COLLSVC_COORDINATOR_GRACE`` (seconds a member keeps retrying a lost coordinator before failing, default 20),
 ``COLLSVC_SHM`` (``0`` turns off shared memory between ranks of one host),
 ``COLLSVC_HIERARCHICAL`` (``auto``, ``always`` or ``never``: hierarchical all_reduce across hosts),
+``COLLSVC_RING_SMALL_BYTES`` (messages up to this size use the latency-friendly algorithms over gRPC;
+default: the measured switch point in ``ring/algorithms.py``),
 ``COLLSVC_PEER_PORT`` (the port this rank's peer endpoint binds, default any free port),
 ``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE`` (``1`` lets object collectives unpickle in a job with neither
 token nor TLS; refused by default).
@@ -162,5 +164,6 @@ def resolve_init(
         peer_port=_int_from(env, ("COLLSVC_PEER_PORT",)) or 0,
         coordinator_grace=float(env.get("COLLSVC_COORDINATOR_GRACE", "20")),
         shared_memory=env.get("COLLSVC_SHM", "1") != "0",
+        small_bytes=_int_from(env, ("COLLSVC_RING_SMALL_BYTES",)),
         hierarchical=_choice(env, "COLLSVC_HIERARCHICAL", ("auto", "always", "never")),
     )

@@ -158,3 +158,4 @@ class InitOptions:
     coordinator_grace: float = 20.0
     shared_memory: bool = True
     hierarchical: str = "auto"
+    small_bytes: int | None = None

@@ -126,6 +126,7 @@ class Job:
             hosts=self.hosts,
             local_groups=local_groups,
             hierarchical=options.hierarchical,
+            small_bytes=options.small_bytes,
         )
         self.nccl: Any = None
         self.backend_name = "ring"

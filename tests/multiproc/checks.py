@@ -9,25 +9,9 @@ from typing import Any
 import numpy as np
 
 import collsvc
-from collsvc.types import BFLOAT16, ReduceOp
+from collsvc.types import BFLOAT16, DTYPE_CODES, ReduceOp
 
-DTYPES = [
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-]
+DTYPES = list(DTYPE_CODES)  # every dtype collsvc supports
 
 
 def np_dtype(name: str) -> np.dtype:

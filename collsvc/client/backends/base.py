@@ -11,6 +11,7 @@ shared memory within a host, or the in-memory twin used by unit tests.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -45,13 +46,18 @@ class Signature:
         }
 
     def encode(self) -> bytes:
-        """Compact JSON bytes, sent in the first frame of a call so a receiver can name the difference."""
+        """Compact JSON bytes, sent with a call's frames so a receiver can name the difference."""
+        return self._encoded
+
+    @functools.cached_property
+    def _encoded(self) -> bytes:
+        # Computed once per call (frozen dataclass; cached_property writes the instance dict directly).
         return json.dumps(self.describe(), separators=(",", ":")).encode()
 
-    @property
+    @functools.cached_property
     def digest(self) -> int:
-        """A 64-bit digest carried in every frame header."""
-        return int.from_bytes(hashlib.blake2b(self.encode(), digest_size=8).digest(), "little")
+        """A 64-bit digest carried in every frame header (the mismatch check compares it)."""
+        return int.from_bytes(hashlib.blake2b(self._encoded, digest_size=8).digest(), "little")
 
 
 @dataclass(frozen=True)

@@ -116,8 +116,10 @@ class RingBackend:
         hosts: Mapping[int, str] | None = None,
         local_groups: LocalGroups | None = None,
         hierarchical: str = "auto",
+        small_bytes: int | None = None,
     ) -> None:
         self._channel_for = channel_for
+        self._small = {} if small_bytes is None else {"small_bytes": small_bytes}
         self._hosts = dict(hosts) if hosts is not None else None
         self._local_groups = local_groups
         self._hierarchical = hierarchical
@@ -175,7 +177,7 @@ class RingBackend:
         elif topo is not None and self._use_hierarchy(topo):
             self._hierarchical_all_reduce(call, buf, inner, topo)
         else:
-            self._run(call, lambda ch: algorithms.all_reduce(ch, buf, inner))
+            self._run(call, lambda ch: algorithms.all_reduce(ch, buf, inner, **self._small))
         if op is ReduceOp.AVG:
             finish_average(buf, call.group.size)
 
@@ -202,7 +204,7 @@ class RingBackend:
         # 2. all_reduce across host leaders
         if topo.leader_index is not None:
             leaders_call = self._sub_call(call, "/leaders", topo.leaders, me)
-            self._run(leaders_call, lambda ch: algorithms.all_reduce(ch, buf, op))
+            self._run(leaders_call, lambda ch: algorithms.all_reduce(ch, buf, op, **self._small))
         # 3. broadcast within the host from its leader
         if shared is not None:
             self._local(
@@ -223,7 +225,7 @@ class RingBackend:
                 lambda: shared.reduce(buf, inner, root, call.deadline, digest=call.signature.digest),
             )
         else:
-            self._run(call, lambda ch: algorithms.reduce(ch, buf, inner, root))
+            self._run(call, lambda ch: algorithms.reduce(ch, buf, inner, root, **self._small))
         if op is ReduceOp.AVG and call.group.index == root:
             finish_average(buf, call.group.size)
 
@@ -236,7 +238,7 @@ class RingBackend:
                 lambda: shared.broadcast(buf, root, call.deadline, digest=call.signature.digest),
             )
         else:
-            self._run(call, lambda ch: algorithms.broadcast(ch, buf, root))
+            self._run(call, lambda ch: algorithms.broadcast(ch, buf, root, **self._small))
 
     def all_gather(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
         shared = self._shared(call)
