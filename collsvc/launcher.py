@@ -318,33 +318,17 @@ def launch(spec: LaunchSpec) -> int:
     if spec.coordinator is not None:
         return launcher.run(spec.coordinator, spec.token)
     token = secrets.token_urlsafe(32)
-    # Start-up time: ranks spend most of it importing numpy and gRPC, so they are spawned at once on a
-    # reserved port while the coordinator (its own gRPC import included) starts beside them; ranks
-    # wait for it to listen (wait_for_ready with a 20 ms reconnect backoff).
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    started: dict[str, Any] = {}
-
-    def start_coordinator() -> None:
-        try:
-            from collsvc.server.app import CoordinatorThread
-            from collsvc.types import CoordinatorOptions
-
-            server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=port, token=token))
-            server.start()
-            started["server"] = server
-        except Exception as exc:  # any failure to start is reported in one line, not a traceback
-            started["error"] = exc
-            launcher._say(f"collsvc run: cannot start the embedded coordinator: {type(exc).__name__}: {exc}")
-            launcher._stop_now()
-
-    starter = threading.Thread(target=start_coordinator, name="collsvc-embedded-coordinator", daemon=True)
-    starter.start()
+    # The coordinator listens before any rank starts, so a rank's first call never meets a closed port.
     try:
-        status = launcher.run(f"127.0.0.1:{port}", token)
-        return 1 if "error" in started else status
+        from collsvc.server.app import CoordinatorThread
+        from collsvc.types import CoordinatorOptions
+
+        server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=token))
+        port = server.start()
+    except Exception as exc:  # any failure to start is reported in one line, not a traceback
+        launcher._say(f"collsvc run: cannot start the embedded coordinator: {type(exc).__name__}: {exc}")
+        return 1
+    try:
+        return launcher.run(f"127.0.0.1:{port}", token)
     finally:
-        starter.join()
-        if "server" in started:
-            started["server"].stop()
+        server.stop()
