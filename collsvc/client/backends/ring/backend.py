@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,10 @@ from collsvc.client.backends.ring.reduction import finish_average
 from collsvc.client.backends.ring.topology import Topology, plan
 from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
+
+# Chunk of the hierarchical all_reduce pipeline: big enough that per-chunk overheads stay small,
+# small enough that the cross-host transfer of one chunk overlaps the host-local work on the next.
+PIPELINE_CHUNK_BYTES = 4 << 20
 
 LocalGroupFactory = Callable[[str, int, int], Any]  # (namespace, local_rank, local_size) -> LocalGroup
 
@@ -124,6 +129,7 @@ class RingBackend:
         self._local_groups = local_groups
         self._hierarchical = hierarchical
         self._plans: dict[tuple[int, ...], Topology] = {}
+        self._pipeline_pool: ThreadPoolExecutor | None = None
 
     # ---- path selection ------------------------------------------------------------------------------
     def _topology(self, group: GroupSpec) -> Topology | None:
@@ -187,33 +193,62 @@ class RingBackend:
         return self._hierarchical == "always" or topo.hierarchical_pays
 
     def _hierarchical_all_reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, topo: Topology) -> None:
+        """Local reduce -> leaders' all_reduce across hosts -> local broadcast, pipelined by chunk.
+
+        For each chunk k, in the same order on every member of a host: reduce chunk k to the host
+        leader, then broadcast chunk k-1 once its cross-host all_reduce finished. The leader runs the
+        cross-host all_reduce of chunk k on a worker thread meanwhile, so the slow link stays busy while
+        the host reduces and broadcasts neighbouring chunks.
+        """
         me = call.group.ranks[call.group.index]
-        local_call = self._sub_call(call, "/host", topo.local, me)
+        step = max(1, PIPELINE_CHUNK_BYTES // max(buf.itemsize, 1))
+        bounds = [(lo, min(lo + step, buf.size)) for lo in range(0, buf.size, step)] or [(0, 0)]
         shared = None
         if self._local_groups is not None and len(topo.local) > 1:
-            shared = self._local_groups.get(local_call.key, topo.local, topo.local_index)
-        # 1. reduce within the host to its leader (local index 0)
-        if shared is not None:
-            self._local(
-                call,
-                self._local_ranks(call),
-                lambda: shared.reduce(buf, op, 0, call.deadline, digest=call.signature.digest),
-            )
-        elif len(topo.local) > 1:
-            self._run(local_call, lambda ch: algorithms.reduce(ch, buf, op, 0))
-        # 2. all_reduce across host leaders
-        if topo.leader_index is not None:
-            leaders_call = self._sub_call(call, "/leaders", topo.leaders, me)
-            self._run(leaders_call, lambda ch: algorithms.all_reduce(ch, buf, op, **self._small))
-        # 3. broadcast within the host from its leader
-        if shared is not None:
-            self._local(
-                call,
-                self._local_ranks(call),
-                lambda: shared.broadcast(buf, 0, call.deadline, digest=call.signature.digest),
-            )
-        elif len(topo.local) > 1:
-            self._run(local_call, lambda ch: algorithms.broadcast(ch, buf, 0))
+            host_key = self._sub_call(call, "/host", topo.local, me).key
+            shared = self._local_groups.get(host_key, topo.local, topo.local_index)
+        crossing: list[Future[None]] = []
+
+        def local(kind: str, k: int) -> None:
+            lo, hi = bounds[k]
+            part = buf[lo:hi]
+            if len(topo.local) == 1:
+                return
+            if shared is not None:
+                if kind == "reduce":
+                    shared.reduce(part, op, 0, call.deadline, digest=call.signature.digest)
+                else:
+                    shared.broadcast(part, 0, call.deadline, digest=call.signature.digest)
+                return
+            sub = self._sub_call(call, f"/host/{k}", topo.local, me)
+            if kind == "reduce":
+                self._run(sub, lambda ch: algorithms.reduce(ch, part, op, 0, **self._small))
+            else:
+                self._run(sub, lambda ch: algorithms.broadcast(ch, part, 0, **self._small))
+
+        def cross(k: int) -> None:
+            lo, hi = bounds[k]
+            part = buf[lo:hi]
+            sub = self._sub_call(call, f"/leaders/{k}", topo.leaders, me)
+            self._run(sub, lambda ch: algorithms.all_reduce(ch, part, op, **self._small))
+
+        def finish(k: int) -> None:
+            if topo.leader_index is not None:
+                crossing[k].result()
+            local("broadcast", k)
+
+        for k in range(len(bounds)):
+            local("reduce", k)
+            if topo.leader_index is not None:
+                crossing.append(self._pipeline().submit(cross, k))
+            if k >= 1:
+                finish(k - 1)
+        finish(len(bounds) - 1)
+
+    def _pipeline(self) -> ThreadPoolExecutor:
+        if self._pipeline_pool is None:
+            self._pipeline_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collsvc-cross-host")
+        return self._pipeline_pool
 
     def reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None:
         inner = ReduceOp.SUM if op is ReduceOp.AVG else op
@@ -281,6 +316,8 @@ class RingBackend:
         self._run(call, lambda ch: algorithms.recv(ch, out, src))
 
     def close(self) -> None:
+        if self._pipeline_pool is not None:
+            self._pipeline_pool.shutdown(wait=False, cancel_futures=True)
         if self._local_groups is not None:
             self._local_groups.close()
 

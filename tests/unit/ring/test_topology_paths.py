@@ -1,0 +1,91 @@
+"""The ring backend's topology paths with threads as ranks: real shared-memory groups within a
+"host", the in-memory transport between hosts, hosts fabricated by a rank -> host table."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collsvc.client.backends.base import Signature
+from collsvc.client.backends.ring.backend import LocalGroups, RingBackend
+from collsvc.client.backends.ring.memory import MemoryHub
+from collsvc.client.backends.ring.topology import plan
+from collsvc.types import ReduceOp
+
+LAYOUTS = {
+    "2x2": ["a", "a", "b", "b"],
+    "3+1": ["a", "a", "a", "b"],
+    "1+1+2": ["a", "b", "c", "c"],
+    "one host": ["a", "a", "a"],
+}
+
+
+def run(hosts: list[str], mode: str, op: ReduceOp, count: int, dtype: str = "float64") -> list[np.ndarray]:
+    size = len(hosts)
+    hub = MemoryHub(size, timeout=30)
+    table = dict(enumerate(hosts))
+    job_key = f"test-{os.getpid()}-{threading.get_ident()}-{mode}-{count}-{op.name}"
+    signature = Signature("all_reduce", dtype, (count,), op.name)
+    inputs = [np.arange(count, dtype=dtype) * (r + 1) + r for r in range(size)]
+
+    def rank_main(rank: int) -> np.ndarray:
+        groups = LocalGroups(job_key, timeout=30)
+        backend = RingBackend(hub.transport(rank).channel, hosts=table, local_groups=groups, hierarchical=mode)
+        buf = inputs[rank].copy()
+        try:
+            backend.all_reduce(hub.call(rank, 1, signature), buf, op)
+        finally:
+            backend.close()
+        return buf
+
+    with ThreadPoolExecutor(size) as pool:
+        return list(pool.map(rank_main, range(size)))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("mode", ["always", "never"])
+@pytest.mark.parametrize("count", [0, 1, 1000, 300_000])
+def test_all_reduce_paths_agree_with_numpy(layout: str, mode: str, count: int) -> None:
+    hosts = LAYOUTS[layout]
+    results = run(hosts, mode, ReduceOp.SUM, count)
+    expected = sum(np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(len(hosts)))
+    for got in results:
+        assert np.array_equal(got, expected)
+        assert got.tobytes() == results[0].tobytes()  # bit-identical on every rank
+
+
+def test_average_and_max_through_the_hierarchy() -> None:
+    hosts = LAYOUTS["2x2"]
+    avg = run(hosts, "always", ReduceOp.AVG, 5000)
+    expected = sum(np.arange(5000, dtype=np.float64) * (r + 1) + r for r in range(4)) / 4
+    assert all(np.allclose(a, expected) for a in avg)
+    top = run(hosts, "always", ReduceOp.MAX, 5000)
+    assert all(np.array_equal(t, np.arange(5000) * 4 + 3) for t in top)
+
+
+def test_plan_names_leaders_and_local_members() -> None:
+    from collsvc.client.backends.base import GroupSpec
+
+    table: dict[int, Any] = dict(enumerate(["a", "b", "a", "c"]))
+    topo = plan(GroupSpec("g", (0, 1, 2, 3), 2), table)
+    assert topo.local == (0, 2) and topo.local_index == 1
+    assert topo.leaders == (0, 1, 3) and topo.leader_index is None
+    assert topo.hosts == 3 and topo.hierarchical_pays
+
+
+@pytest.mark.parametrize("layout", ["2x2", "3+1", "1+1+2"])
+def test_pipelined_hierarchy_with_many_chunks(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collsvc.client.backends.ring import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "PIPELINE_CHUNK_BYTES", 8 * 1000)  # 1000 float64 per chunk
+    hosts = LAYOUTS[layout]
+    count = 10_500  # 11 chunks, the last one short
+    results = run(hosts, "always", ReduceOp.SUM, count)
+    expected = sum(np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(len(hosts)))
+    for got in results:
+        assert np.array_equal(got, expected)
