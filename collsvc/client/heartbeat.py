@@ -149,6 +149,15 @@ def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
     return None
 
 
+def left_progress(event: coordinator_pb2.WatchEvent) -> dict[int, dict[str, int]]:
+    """The departed members' final progress carried by a MEMBER_LEFT event (rank -> stream -> seq)."""
+    try:
+        raw = json.loads(event.details_json or "{}").get("finished", {})
+        return {int(rank): {str(g): int(s) for g, s in streams.items()} for rank, streams in raw.items()}
+    except (ValueError, AttributeError, TypeError):
+        return {}  # an older coordinator: fall back to failing only direct waits on the departed
+
+
 class Watcher:
     """Runs the Watch stream in a daemon thread: heartbeats out, job events in.
 
@@ -164,7 +173,7 @@ class Watcher:
         interval: float,
         progress: ProgressTracker,
         failure: FailureState,
-        departed: Callable[[list[int], RankFailedError], None],
+        departed: Callable[[list[int], RankFailedError, dict[int, dict[str, int]]], None],
         coordinator_grace: float = 20.0,
     ) -> None:
         self._client = client
@@ -224,7 +233,7 @@ class Watcher:
                     if event.kind == Events.EVENT_KIND_MEMBER_LEFT and isinstance(error, RankFailedError):
                         # A clean leave fails only what still needs the departed rank.
                         log.info("job %s rank %d: %s", self._client.job_id, self._rank, error)
-                        self._departed(list(event.ranks), error)
+                        self._departed(list(event.ranks), error, left_progress(event))
                     elif error is not None:
                         log.error("job %s rank %d: %s", self._client.job_id, self._rank, error)
                         self._failure.set(error)

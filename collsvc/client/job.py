@@ -191,10 +191,10 @@ class Job:
         tag = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=2).digest(), "little")
         self.client.barrier(group, self.rank, (1 << 40) + (tag << 20) + count, timeout)
 
-    def _departed(self, ranks: list[int], error: RankFailedError) -> None:
+    def _departed(self, ranks: list[int], error: RankFailedError, finished: dict[int, dict[str, int]]) -> None:
         for rank in ranks:
             self.departed.setdefault(rank, error)
-        self.mailbox.depart(ranks, error)
+        self.mailbox.depart(ranks, error, finished)
         self.ring.depart(ranks, error)  # shared-memory waiters too, not only the gRPC mailbox
 
     def _abort_backends(self, error: BaseException) -> None:
@@ -258,7 +258,7 @@ class Job:
         if self.closed:
             return
         self.closed = True
-        self.client.leave()
+        self.client.leave(self.progress.snapshot())
         self.watcher.stop()
         self.executor.shutdown()
         if self.nccl is not None:

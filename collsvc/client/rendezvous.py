@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -234,11 +235,14 @@ class CoordinatorClient:
         except Exception as exc:  # noqa: BLE001 - reporting must never mask the error being reported
             log.warning("job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc)
 
-    def leave(self) -> None:
-        """Leaves the job cleanly (best effort, short deadline)."""
+    def leave(self, progress: Iterable[common_pb2.Progress] = ()) -> None:
+        """Leaves the job cleanly (best effort, short deadline), telling the coordinator the final
+        ``progress`` so the others fail at once whatever call this member never finished."""
         if self.rank is None:
             return
-        request = coordinator_pb2.LeaveRequest(job_id=self.job_id, rank=self.rank, member_secret=self.member_secret)
+        request = coordinator_pb2.LeaveRequest(
+            job_id=self.job_id, rank=self.rank, member_secret=self.member_secret, progress=list(progress)
+        )
         deadline = time.monotonic() + min(self.timeout, 5.0)
         try:
             self._call("Leave", request, "leave", timeout=max(deadline - time.monotonic(), 0.1))

@@ -127,9 +127,10 @@ def host_of(rank: int, transport: str) -> str:
         ("exit", 3, "shm"),
         ("raise", 3, "shm"),
         ("close", 3, "shm"),
-        # ws=2 over gRPC: with 3+ ranks on the gRPC ring a survivor that needs the departed rank only
-        # indirectly waits for the collective timeout instead (docs/operations.md, known limits).
         ("close", 2, "grpc"),
+        # 3 ranks over gRPC: a survivor may need the departed rank only through the other survivor;
+        # the departed rank's final progress (sent with Leave) fails that wait at once too.
+        ("close", 3, "grpc"),
         ("sigstop", 3, "shm"),
     ],
 )

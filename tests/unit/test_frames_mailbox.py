@@ -75,3 +75,22 @@ def test_failure_wakes_a_blocked_waiter_promptly() -> None:
     with pytest.raises(RankFailedError):
         box.take((1, 1, 1, 1), start + 30)
     assert time.monotonic() - start < 5
+
+
+def test_departed_rank_dooms_only_calls_it_never_finished() -> None:
+    box = Mailbox()
+    left = RankFailedError("rank 2 left the job", [2], ["h"])
+    box.depart([2], left, {2: {"world": 7}})
+    soon = time.monotonic() + 0.05
+    # Call 7 of "world" (and its hierarchical sub-calls) finished on rank 2: waits go on to the deadline.
+    assert box.take((1, 7, 0, 0), soon, waiter=("world", 7, (0, 1, 2))) is None
+    assert box.take((1, 7, 0, 0), time.monotonic() + 0.05, waiter=("world/leaders/3", 7, (0, 1, 2))) is None
+    # Call 8 needs rank 2, which left before it: the wait fails at once, even for a frame from rank 1.
+    start = time.monotonic()
+    with pytest.raises(RankFailedError):
+        box.take((1, 8, 0, 1), start + 30, waiter=("world", 8, (0, 1, 2)))
+    with pytest.raises(RankFailedError):
+        box.take((1, 8, 0, 1), start + 30, waiter=("world/host", 8, (0, 1, 2)))
+    assert time.monotonic() - start < 5
+    # A group without rank 2 is not affected.
+    assert box.take((2, 8, 0, 1), time.monotonic() + 0.05, waiter=("evens", 8, (0, 1))) is None

@@ -80,6 +80,10 @@ class Call:
     ``key`` names the stream of calls the sequence number counts in: the group name for collectives,
     ``"<group>/p2p/<src>-<dst>/<tag>"`` for point-to-point. ``deadline`` is ``time.monotonic()`` based;
     ``timeout`` is the number of seconds it stands for (None: the job's timeout), for error messages.
+
+    A backend may split a call into sub-calls over parts of the group (hierarchical all_reduce); those
+    keep ``stream`` (the key the call's progress is recorded under) and ``members`` (every member of
+    the original call: if one of them left before finishing it, the call can never complete).
     """
 
     group: GroupSpec
@@ -88,6 +92,16 @@ class Call:
     signature: Signature
     deadline: float
     timeout: float | None = None
+    stream: str = ""
+    members: tuple[int, ...] = ()
+
+    @property
+    def progress_stream(self) -> str:
+        return self.stream or self.key
+
+    @property
+    def all_members(self) -> tuple[int, ...]:
+        return self.members or self.group.ranks
 
 
 class Channel(Protocol):

@@ -83,3 +83,8 @@ def job_status(job: Job) -> Any:
     for name, ranks in job.groups.items():
         status.groups.append(coordinator_pb2.GroupStatus(name=name, ranks=ranks))
     return status
+
+
+def progress_tuples(entries: Iterable[Any]) -> list[tuple[str, int, int, str]]:
+    """Progress messages as (group, started_seq, finished_seq, last_op) tuples for the state classes."""
+    return [(p.group, p.started_seq, p.finished_seq, p.last_op) for p in entries]

@@ -16,7 +16,7 @@ import grpc
 from collsvc.errors import RendezvousError
 from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
 from collsvc.server.interceptors import Context, lenient_deserializer, translate_errors
-from collsvc.server.services.convert import device_from_proto, job_status, waiting_protos
+from collsvc.server.services.convert import device_from_proto, job_status, progress_tuples, waiting_protos
 from collsvc.server.services.hub import Hub, wait_event
 from collsvc.server.services.watch import watch
 from collsvc.server.state.common import NotFoundError
@@ -189,6 +189,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     @translate_errors
     async def Leave(self, request: Any, context: Context) -> Any:
         rt, member = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
+        rt.job.heartbeat(member, progress_tuples(request.progress))  # its final progress
         self.hub.leave(rt, member)
         return pb.LeaveResponse()
 

@@ -116,6 +116,13 @@ class JobRuntime:
                 stream.queue.put_nowait(event)
 
 
+def _left_event(members: list[Member]) -> Any:
+    """MEMBER_LEFT with each member's final progress, so the others can fail at once exactly the calls
+    it never finished (a clean leave after finishing a call must not fail that call elsewhere)."""
+    finished = {str(m.rank): {group: record.finished_seq for group, record in m.progress.items()} for m in members}
+    return _event(Events.EVENT_KIND_MEMBER_LEFT, members, "left the job", json.dumps({"finished": finished}))
+
+
 def _event(kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: str, details_json: str = "") -> Any:
     members = list(members)
     return coordinator_pb2.WatchEvent(
@@ -177,7 +184,7 @@ class Hub:
         if not rt.job.leave(member):
             return
         # The member's own stream stays open: the client ends it after Leave returns.
-        rt.send(_event(Events.EVENT_KIND_MEMBER_LEFT, [member], "left the job"), exclude=(member.rank,))
+        rt.send(_left_event([member]), exclude=(member.rank,))
         rt.wake_barriers()
         self.drop_if_finished(rt)
 
@@ -214,7 +221,7 @@ class Hub:
             stream.queue.put_nowait(_event(Events.EVENT_KIND_MEMBER_FAILED, failed, job.failure_reason))
         left = [job.members[r] for r in job.left_ranks if r != member.rank]
         if left:
-            stream.queue.put_nowait(_event(Events.EVENT_KIND_MEMBER_LEFT, left, "left the job"))
+            stream.queue.put_nowait(_left_event(left))
         if job.mismatch:
             stream.queue.put_nowait(
                 _event(Events.EVENT_KIND_COLLECTIVE_MISMATCH, [], job.mismatch_reason, json.dumps(job.mismatch))

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import grpc
 
 from collsvc.server.interceptors import Context
+from collsvc.server.services.convert import progress_tuples
 from collsvc.server.services.hub import Hub, Stream
 from collsvc.server.state.common import Member
 from collsvc.server.state.jobs import Job
 
 log = logging.getLogger(__name__)
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
-
-
-def _progress(entries: Iterable[Any]) -> list[tuple[str, int, int, str]]:
-    return [(p.group, p.started_seq, p.finished_seq, p.last_op) for p in entries]
 
 
 async def _read_heartbeats(job: Job, member: Member, stream: Stream, context: Context) -> None:
@@ -29,7 +25,7 @@ async def _read_heartbeats(job: Job, member: Member, stream: Stream, context: Co
             request = await context.read()
             if request is _EOF:
                 break
-            job.heartbeat(member, _progress(request.progress))
+            job.heartbeat(member, progress_tuples(request.progress))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the call broke; the reason is not ours to report
@@ -52,7 +48,7 @@ async def watch(hub: Hub, context: Context) -> None:
         return
     rt, member = hub.authenticate(first.job_id, first.rank, first.member_secret)
     job = rt.job
-    job.heartbeat(member, _progress(first.progress))
+    job.heartbeat(member, progress_tuples(first.progress))
     stream = hub.open_stream(rt, member)
     log.debug("job %s rank %d (%s): watching", job.job_id, member.rank, member.host)
     reader = asyncio.ensure_future(_read_heartbeats(job, member, stream, context))

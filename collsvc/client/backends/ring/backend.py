@@ -167,7 +167,9 @@ class RingBackend:
     @staticmethod
     def _sub_call(call: Call, suffix: str, ranks: tuple[int, ...], me: int) -> Call:
         spec = GroupSpec(f"{call.group.name}{suffix}", ranks, ranks.index(me))
-        return dataclasses.replace(call, group=spec, key=f"{call.key}{suffix}")
+        return dataclasses.replace(
+            call, group=spec, key=f"{call.key}{suffix}", stream=call.progress_stream, members=call.all_members
+        )
 
     # ---- collectives ---------------------------------------------------------------------------------
     def all_reduce(self, call: Call, buf: np.ndarray, op: ReduceOp) -> None:

@@ -252,7 +252,8 @@ class GrpcChannel:
     def recv(self, src: int, step: int) -> memoryview:
         src_rank = self._ranks[src]
         key = (self._key, self._call.seq, step, src_rank)
-        taken = self._transport.mailbox.take(key, self._call.deadline, self._digest)
+        waiter = (self._call.progress_stream, self._call.seq, self._call.all_members)
+        taken = self._transport.mailbox.take(key, self._call.deadline, self._digest, waiter)
         if taken is None:
             raise CollectiveTimeoutError(
                 f"{self._call.signature.op} #{self._call.seq} in group '{self._call.group.name}': "

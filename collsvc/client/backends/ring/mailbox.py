@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from collsvc.client.backends.ring.frames import FrameHeader
@@ -29,6 +30,7 @@ class Mailbox:
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
         self._departed: dict[int, BaseException] = {}
+        self._finished: dict[int, dict[str, int]] = {}  # departed rank -> stream -> last finished seq
 
     def deposit(self, header: FrameHeader, payload: memoryview) -> None:
         key = (header.key_hash, header.seq, header.step, header.src)
@@ -36,7 +38,13 @@ class Mailbox:
             self._frames[key] = _Arrived(header, payload)
             self._cond.notify_all()
 
-    def take(self, key: FrameKey, deadline: float, digest: int | None = None) -> tuple[FrameHeader, memoryview] | None:
+    def take(
+        self,
+        key: FrameKey,
+        deadline: float,
+        digest: int | None = None,
+        waiter: tuple[str, int, tuple[int, ...]] | None = None,
+    ) -> tuple[FrameHeader, memoryview] | None:
         """Removes and returns the frame ``key``, or None when ``deadline`` passed first.
 
         With ``digest`` (the waiting call's signature digest), a frame of the same call and sequence
@@ -44,8 +52,13 @@ class Mailbox:
         called another collective sends frames with other step ids or to other ranks, which the
         awaited key would never match, so the caller would otherwise wait out the timeout.
 
+        With ``waiter`` (the call's progress stream, sequence number and members), the wait fails as
+        soon as a member that left cleanly is known to have left before finishing this call: what it
+        never sent is needed by someone this rank waits for, directly or not.
+
         Raises:
-            BaseException: the failure recorded by :meth:`fail`, when the frame is not there.
+            BaseException: the failure recorded by :meth:`fail`, or the departure that dooms the call,
+                when the frame is not there.
         """
         with self._cond:
             while True:
@@ -61,10 +74,27 @@ class Mailbox:
                 departed = self._departed.get(key[3])
                 if departed is not None:
                     raise departed
+                if waiter is not None:
+                    doomed = self._doomed(*waiter)
+                    if doomed is not None:
+                        raise doomed
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 self._cond.wait(remaining)
+
+    def _doomed(self, stream: str, seq: int, members: tuple[int, ...]) -> BaseException | None:
+        for rank in members:
+            finished = self._finished.get(rank)
+            if finished is None:
+                continue
+            # Sub-calls ("world/leaders/3") count under the stream their call was recorded in ("world").
+            name = stream
+            while name not in finished and "/" in name:
+                name = name.rsplit("/", 1)[0]
+            if finished.get(name, 0) < seq:
+                return self._departed[rank]
+        return None
 
     def _mismatched(self, key: FrameKey, digest: int) -> _Arrived | None:
         # Slow path only (the awaited frame is missing); frames in flight are few, so a scan is cheap.
@@ -80,12 +110,18 @@ class Mailbox:
                 self._failure = error
             self._cond.notify_all()
 
-    def depart(self, ranks: list[int], error: BaseException) -> None:
+    def depart(
+        self, ranks: list[int], error: BaseException, finished: Mapping[int, Mapping[str, int]] | None = None
+    ) -> None:
         """Records ranks that left the job cleanly: a wait for a frame from one of them that has not
-        arrived raises ``error`` (it will never come); every other wait goes on."""
+        arrived raises ``error`` (it will never come); so does a wait in a call one of them never
+        finished, when its final progress (``finished``: rank -> stream -> last finished sequence
+        number) is known. Every other wait goes on."""
         with self._cond:
             for rank in ranks:
                 self._departed.setdefault(rank, error)
+                if finished is not None and rank in finished:
+                    self._finished[rank] = dict(finished[rank])
             self._cond.notify_all()
 
     def has_departed(self, rank: int) -> bool:
