@@ -24,6 +24,14 @@ T = TypeVar("T")
 WORLD = "world"
 
 
+def describe(signature: Signature) -> str:
+    """A call as people read it in logs, status and errors: ``all_reduce(float32[1024], SUM)``."""
+    if not signature.dtype:
+        return signature.op
+    extras = [e for e in (signature.reduce_op, None if signature.root is None else f"root={signature.root}") if e]
+    return f"{signature.op}({signature.dtype}{list(signature.shape)}{''.join(', ' + e for e in extras)})"
+
+
 class Communicator:
     """A group of ranks that run collectives together.
 
@@ -97,9 +105,7 @@ class Communicator:
         seq = self._next_seq(stream)
         backend = self._job.backend_for(on_gpu)
         group = spec or self._spec
-        description = f"{signature.op}({signature.dtype}{list(signature.shape)}" + (
-            f", {signature.reduce_op})" if signature.reduce_op else ")"
-        )
+        description = describe(signature)
 
         def execute() -> T:
             self._job.failure.check()
