@@ -18,6 +18,8 @@ Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this
 ``COLLSVC_HIERARCHICAL`` (``auto``, ``always`` or ``never``: hierarchical all_reduce across hosts),
 ``COLLSVC_RING_SMALL_BYTES`` (messages up to this size use the latency-friendly algorithms over gRPC;
 default: the measured switch point in ``ring/algorithms.py``),
+``COLLSVC_ROOTED_AGREEMENT`` (``0``: rooted calls over gRPC skip the signature agreement; a member
+that only sends then learns of a mismatch at its next call instead),
 ``COLLSVC_PEER_PORT`` (the port this rank's peer endpoint binds, default any free port),
 ``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE`` (``1`` lets object collectives unpickle in a job with neither
 token nor TLS; refused by default).
@@ -165,5 +167,6 @@ def resolve_init(
         coordinator_grace=float(env.get("COLLSVC_COORDINATOR_GRACE", "20")),
         shared_memory=env.get("COLLSVC_SHM", "1") != "0",
         small_bytes=_int_from(env, ("COLLSVC_RING_SMALL_BYTES",)),
+        rooted_agreement=env.get("COLLSVC_ROOTED_AGREEMENT", "1") != "0",
         hierarchical=_choice(env, "COLLSVC_HIERARCHICAL", ("auto", "always", "never")),
     )

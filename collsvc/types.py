@@ -159,3 +159,4 @@ class InitOptions:
     shared_memory: bool = True
     hierarchical: str = "auto"
     small_bytes: int | None = None
+    rooted_agreement: bool = True

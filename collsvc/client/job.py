@@ -127,6 +127,7 @@ class Job:
             local_groups=local_groups,
             hierarchical=options.hierarchical,
             small_bytes=options.small_bytes,
+            rooted_agreement=options.rooted_agreement,
         )
         self.nccl: Any = None
         self.backend_name = "ring"

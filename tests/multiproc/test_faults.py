@@ -314,12 +314,8 @@ def test_mismatch_is_always_an_error(world_size: int, transport: str) -> None:
         for kind in MISMATCHES:
             got = outcome.value[kind]
             where = (kind, outcome.rank, got)
-            if got["type"] is None:
-                # Known limit (docs/operations.md): over gRPC a rank that only *sends* in the call (the
-                # broadcast root in its own view) cannot see the others' signatures; it finishes, and
-                # its next call raises the mismatch the coordinator fanned out.
-                assert transport == "grpc" and kind == "root" and outcome.rank != odd, where
-                got = {**got["later"], "untouched": True, "later": got["later"]}
+            # Every rank raises at the call itself: over gRPC, rooted calls (where some ranks never depend
+            # on the odd rank's data) first agree on every member's signature.
             assert got["type"] == "CollectiveMismatchError", where
             details = {int(k): v for k, v in got["details"].items()}
             assert odd in details and len(details) >= 2, where  # at least the two disagreeing ranks

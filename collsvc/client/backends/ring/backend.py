@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +32,8 @@ from collsvc.types import ReduceOp
 # Chunk of the hierarchical all_reduce pipeline: big enough that per-chunk overheads stay small,
 # small enough that the cross-host transfer of one chunk overlaps the host-local work on the next.
 PIPELINE_CHUNK_BYTES = 4 << 20
+# Bytes per member in the signature agreement of rooted calls over gRPC (digest + signature JSON).
+AGREEMENT_BYTES = 256
 
 LocalGroupFactory = Callable[[str, int, int], Any]  # (namespace, local_rank, local_size) -> LocalGroup
 
@@ -122,9 +125,11 @@ class RingBackend:
         local_groups: LocalGroups | None = None,
         hierarchical: str = "auto",
         small_bytes: int | None = None,
+        rooted_agreement: bool = True,
     ) -> None:
         self._channel_for = channel_for
         self._small = {} if small_bytes is None else {"small_bytes": small_bytes}
+        self._rooted_agreement = rooted_agreement
         self._hosts = dict(hosts) if hosts is not None else None
         self._local_groups = local_groups
         self._hierarchical = hierarchical
@@ -158,6 +163,51 @@ class RingBackend:
             body()
         except CollectiveMismatchError as exc:
             raise global_mismatch(call, local, exc) from exc
+
+    def _run_rooted(self, call: Call, body: Callable[[Channel], Any]) -> None:
+        """A rooted call over gRPC: members first agree on the call, then run ``body``.
+
+        In rooted algorithms some members never receive anything that depends on a given member (a
+        broadcast root, a leaf fed by an agreeing parent), so the per-frame signature check alone would
+        let them finish a mismatched call. One all_gather of every member's signature (256 bytes each)
+        makes every member raise at the call, naming every member's call. Rooted calls only: in
+        all_reduce, all_gather and friends every member depends on every other, at no extra cost.
+        The agreement costs one small all_gather (measured: 4 KiB broadcast over gRPC at 3 ranks
+        2.2-3.3 ms -> 8.8 ms); ``rooted_agreement=False`` (``COLLSVC_ROOTED_AGREEMENT=0``) skips it.
+        """
+
+        def agreed(ch: Channel) -> None:
+            self._agree(ch, call)
+            body(ch)
+
+        self._run(call, agreed if self._rooted_agreement else body)
+
+    @staticmethod
+    def _agree(ch: Channel, call: Call) -> None:
+        mine = call.signature.encode()[: AGREEMENT_BYTES - 8]
+        src = np.zeros(AGREEMENT_BYTES, np.uint8)
+        src[:8] = np.frombuffer(call.signature.digest.to_bytes(8, "little"), np.uint8)
+        src[8 : 8 + len(mine)] = np.frombuffer(mine, np.uint8)
+        rows = np.empty(ch.size * AGREEMENT_BYTES, np.uint8)
+        algorithms.all_gather(ch, src, rows)
+        table = rows.reshape(ch.size, AGREEMENT_BYTES)
+        digests = [int.from_bytes(table[i, :8].tobytes(), "little") for i in range(ch.size)]
+        if all(d == call.signature.digest for d in digests):
+            return
+        details: dict[int, Any] = {}
+        for i, rank in enumerate(call.group.ranks):
+            raw = table[i, 8:].tobytes().rstrip(b"\0")
+            try:
+                details[rank] = json.loads(raw.decode())
+            except ValueError:
+                details[rank] = {"digest": f"{digests[i]:016x}"}
+        odd = [call.group.ranks[i] for i, d in enumerate(digests) if d != call.signature.digest]
+        raise CollectiveMismatchError(
+            f"collective mismatch at call #{call.seq} in group '{call.group.name}': rank "
+            f"{call.group.ranks[call.group.index]} called {call.signature.describe()}, ranks {odd} called "
+            f"something else: {', '.join(f'{r}: {details[r]}' for r in odd)}",
+            details,
+        )
 
     def _run(self, call: Call, body: Callable[[Channel], Any]) -> None:
         channel = self._channel_for(call)
@@ -262,7 +312,7 @@ class RingBackend:
                 lambda: shared.reduce(buf, inner, root, call.deadline, digest=call.signature.digest),
             )
         else:
-            self._run(call, lambda ch: algorithms.reduce(ch, buf, inner, root, **self._small))
+            self._run_rooted(call, lambda ch: algorithms.reduce(ch, buf, inner, root, **self._small))
         if op is ReduceOp.AVG and call.group.index == root:
             finish_average(buf, call.group.size)
 
@@ -275,7 +325,7 @@ class RingBackend:
                 lambda: shared.broadcast(buf, root, call.deadline, digest=call.signature.digest),
             )
         else:
-            self._run(call, lambda ch: algorithms.broadcast(ch, buf, root, **self._small))
+            self._run_rooted(call, lambda ch: algorithms.broadcast(ch, buf, root, **self._small))
 
     def all_gather(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
         shared = self._shared(call)
@@ -303,10 +353,10 @@ class RingBackend:
             finish_average(out, call.group.size)
 
     def gather(self, call: Call, src: np.ndarray, out: np.ndarray | None, root: int) -> None:
-        self._run(call, lambda ch: algorithms.gather(ch, src, out, root))
+        self._run_rooted(call, lambda ch: algorithms.gather(ch, src, out, root))
 
     def scatter(self, call: Call, src: np.ndarray | None, out: np.ndarray, root: int) -> None:
-        self._run(call, lambda ch: algorithms.scatter(ch, src, out, root))
+        self._run_rooted(call, lambda ch: algorithms.scatter(ch, src, out, root))
 
     def all_to_all(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
         self._run(call, lambda ch: algorithms.all_to_all(ch, src, out))
