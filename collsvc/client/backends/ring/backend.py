@@ -302,53 +302,60 @@ class RingBackend:
             self._pipeline_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collsvc-cross-host")
         return self._pipeline_pool
 
-    def reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None:
-        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+    def _dispatch(
+        self,
+        call: Call,
+        on_shared: Callable[[Any], None],
+        on_channel: Callable[[Channel], Any],
+        *,
+        rooted: bool = False,
+    ) -> None:
+        """Runs a call through shared memory when its group is on this host, else over channels."""
         shared = self._shared(call)
         if shared is not None:
-            self._local(
-                call,
-                self._local_ranks(call),
-                lambda: shared.reduce(buf, inner, root, call.deadline, digest=call.signature.digest),
-            )
+            self._local(call, self._local_ranks(call), lambda: on_shared(shared))
+        elif rooted:
+            self._run_rooted(call, on_channel)
         else:
-            self._run_rooted(call, lambda ch: algorithms.reduce(ch, buf, inner, root, **self._small))
+            self._run(call, on_channel)
+
+    def reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None:
+        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+        digest = call.signature.digest
+        self._dispatch(
+            call,
+            lambda shared: shared.reduce(buf, inner, root, call.deadline, digest=digest),
+            lambda ch: algorithms.reduce(ch, buf, inner, root, **self._small),
+            rooted=True,
+        )
         if op is ReduceOp.AVG and call.group.index == root:
             finish_average(buf, call.group.size)
 
     def broadcast(self, call: Call, buf: np.ndarray, root: int) -> None:
-        shared = self._shared(call)
-        if shared is not None:
-            self._local(
-                call,
-                self._local_ranks(call),
-                lambda: shared.broadcast(buf, root, call.deadline, digest=call.signature.digest),
-            )
-        else:
-            self._run_rooted(call, lambda ch: algorithms.broadcast(ch, buf, root, **self._small))
+        digest = call.signature.digest
+        self._dispatch(
+            call,
+            lambda shared: shared.broadcast(buf, root, call.deadline, digest=digest),
+            lambda ch: algorithms.broadcast(ch, buf, root, **self._small),
+            rooted=True,
+        )
 
     def all_gather(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
-        shared = self._shared(call)
-        if shared is not None:
-            self._local(
-                call,
-                self._local_ranks(call),
-                lambda: shared.all_gather(src, out, call.deadline, digest=call.signature.digest),
-            )
-        else:
-            self._run(call, lambda ch: algorithms.all_gather(ch, src, out))
+        digest = call.signature.digest
+        self._dispatch(
+            call,
+            lambda shared: shared.all_gather(src, out, call.deadline, digest=digest),
+            lambda ch: algorithms.all_gather(ch, src, out),
+        )
 
     def reduce_scatter(self, call: Call, src: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
         inner = ReduceOp.SUM if op is ReduceOp.AVG else op
-        shared = self._shared(call)
-        if shared is not None:
-            self._local(
-                call,
-                self._local_ranks(call),
-                lambda: shared.reduce_scatter(src, out, inner, call.deadline, digest=call.signature.digest),
-            )
-        else:
-            self._run(call, lambda ch: algorithms.reduce_scatter(ch, src, out, inner))
+        digest = call.signature.digest
+        self._dispatch(
+            call,
+            lambda shared: shared.reduce_scatter(src, out, inner, call.deadline, digest=digest),
+            lambda ch: algorithms.reduce_scatter(ch, src, out, inner),
+        )
         if op is ReduceOp.AVG:
             finish_average(out, call.group.size)
 
