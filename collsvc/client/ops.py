@@ -127,6 +127,16 @@ def _adapt_list(xs: Sequence[Any], out: Any, what: str) -> tuple[list[Adapted], 
     return adapted, outs
 
 
+def _pack(adapted: list[Adapted], sizes: list[int], dtype: str, on_device: bool) -> Any:
+    """The arrays of a fused list, flattened one after another into one new buffer."""
+    buf = _empty((sum(sizes),), dtype, on_device)
+    offset = 0
+    for a, n in zip(adapted, sizes, strict=True):
+        buf[offset : offset + n] = _flat(a, on_device)
+        offset += n
+    return buf
+
+
 # ---- all_reduce / broadcast (in-place shaped) ------------------------------------------------------------
 def all_reduce(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: bool) -> Any:
     if isinstance(x, (list, tuple)):
@@ -193,11 +203,7 @@ def _fused_in_place(
     dtype = adapted[0].dtype
 
     def body(call: Call, backend: Any) -> list[Any]:
-        buf = _empty((total,), dtype, dev)
-        offset = 0
-        for a, n in zip(adapted, sizes, strict=False):
-            buf[offset : offset + n] = _flat(a, dev)
-            offset += n
+        buf = _pack(adapted, sizes, dtype, dev)
         if op is not None:
             backend.all_reduce(call, buf, op)
         else:
@@ -245,11 +251,7 @@ def _all_gather_list(comm: Communicator, xs: Sequence[Any], out: Any, async_op: 
     dtype = adapted[0].dtype
 
     def body(call: Call, backend: Any) -> list[Any]:
-        src = _empty((total,), dtype, dev)
-        offset = 0
-        for a, n in zip(adapted, sizes, strict=False):
-            src[offset : offset + n] = _flat(a, dev)
-            offset += n
+        src = _pack(adapted, sizes, dtype, dev)
         gathered = _empty((comm.size, total), dtype, dev)
         backend.all_gather(call, src, gathered.reshape(-1))
         results, offset = [], 0
