@@ -44,16 +44,16 @@ def init_params() -> list[np.ndarray]:
 
 
 def loss_and_grads(
-    params: list[np.ndarray], x: np.ndarray, y: np.ndarray, ready=None
-) -> tuple[float, list[np.ndarray]]:
-    """Mean squared error and its gradients; calls ``ready(g)`` as each gradient is computed."""
+    params: list[np.ndarray], x: np.ndarray, y: np.ndarray, grads: list[np.ndarray], ready=None
+) -> float:
+    """Mean squared error; writes its gradients into ``grads`` and calls ``ready(g)`` as each one is
+    computed (output layer first, as backpropagation produces them)."""
     w1, b1, w2, b2 = params
     hidden = np.tanh(x @ w1 + b1)
     pred = hidden @ w2 + b2
     diff = pred - y
     loss = float(np.mean(diff**2))
     d_pred = 2.0 * diff / diff.size
-    grads = [np.empty_like(p) for p in params]
     grads[3][...] = d_pred.sum(axis=0)
     grads[2][...] = hidden.T @ d_pred
     if ready:
@@ -65,14 +65,15 @@ def loss_and_grads(
     if ready:
         ready(grads[1])
         ready(grads[0])
-    return loss, grads
+    return loss
 
 
 def train_single_process(epochs: int, lr: float) -> list[np.ndarray]:
     x, y = make_data()
     params = init_params()
+    grads = [np.empty_like(p) for p in params]
     for _ in range(epochs):
-        _, grads = loss_and_grads(params, x, y)
+        loss_and_grads(params, x, y, grads)
         for p, g in zip(params, grads, strict=False):
             p -= lr * g
     return params
@@ -93,15 +94,13 @@ def main() -> int:
     x_local, y_local = x[shard], y[shard]
     params = init_params()
     grads = [np.empty_like(p) for p in params]
-    # Buckets follow backpropagation order: output layer first.
-    order = [3, 2, 1, 0]
+    # Buckets follow backpropagation order (output layer first); each bucket's AVG all_reduce starts
+    # as soon as its gradients are ready, while backprop computes the next ones. wait() resets the
+    # bucketer for the next step.
+    bucketer = comm.all_reduce_callback([grads[i] for i in (3, 2, 1, 0)], pack_size=4096, op=collsvc.AVG)
     first_loss = last_loss = 0.0
     for epoch in range(args.epochs):
-        bucketer = comm.all_reduce_callback([grads[i] for i in order], pack_size=4096, op=collsvc.AVG)
-        loss, fresh = loss_and_grads(params, x_local, y_local, ready=None)
-        for i in order:  # hand each gradient to the bucketer as backprop would produce it
-            grads[i][...] = fresh[i]
-            bucketer(grads[i])
+        loss = loss_and_grads(params, x_local, y_local, grads, ready=bucketer)
         bucketer.wait()
         mean_loss = float(comm.all_reduce(np.array([loss]), collsvc.AVG)[0])
         for p, g in zip(params, grads, strict=False):
