@@ -99,12 +99,21 @@ _local = threading.local()
 
 
 class NcclCommunicator:
-    def __init__(self, ndev: int, uid: tuple[int, ...], rank: int) -> None:
-        assert len(uid) == 128 and all(-128 <= v <= 127 for v in uid)
+    """CuPy >= 14's communicator: the unique id is ``bytes`` (anything else is CuPy's ``TypeError``)."""
+
+    def __init__(self, ndev: int, commId: Any, rank: int) -> None:  # noqa: N803 - CuPy's name
+        key = self._id_key(commId)
         with _worlds_lock:
-            self.world = _worlds.setdefault(uid, World(ndev))
+            self.world = _worlds.setdefault(key, World(ndev))
         self.rank = rank
         self.aborted = False
+
+    @staticmethod
+    def _id_key(comm_id: Any) -> bytes:
+        if not isinstance(comm_id, bytes):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(comm_id).__name__})")
+        assert len(comm_id) == 128
+        return comm_id
 
     def _collective(self, mine: Any) -> list[Any]:
         w = self.world
@@ -121,33 +130,35 @@ class NcclCommunicator:
         result = np.add.reduce(arrays) / self.world.size if op == 4 else OPS[op].reduce(arrays)
         return np.asarray(result).astype(dtype)
 
-    def allReduce(self, send: int, recv: int, count: int, dt: int, op: int, stream: int) -> None:  # noqa: N802
-        _write(recv, self._reduce_all(send, count, dt, op).tobytes())
+    def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:  # noqa: N802
+        _write(recvbuf, self._reduce_all(sendbuf, count, datatype, op).tobytes())
 
-    def reduce(self, send: int, recv: int, count: int, dt: int, op: int, root: int, stream: int) -> None:
-        result = self._reduce_all(send, count, dt, op)
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None:
+        result = self._reduce_all(sendbuf, count, datatype, op)
         if self.rank == root:
-            _write(recv, result.tobytes())
+            _write(recvbuf, result.tobytes())
 
-    def reduceScatter(self, send: int, recv: int, count: int, dt: int, op: int, stream: int) -> None:  # noqa: N802
-        result = self._reduce_all(send, count * self.world.size, dt, op).reshape(self.world.size, count)
-        _write(recv, result[self.rank].tobytes())
+    def reduceScatter(  # noqa: N802
+        self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int, op: int, stream: int
+    ) -> None:
+        n = self.world.size
+        result = self._reduce_all(sendbuf, recvcount * n, datatype, op).reshape(n, recvcount)
+        _write(recvbuf, result[self.rank].tobytes())
 
-    def broadcast(self, send: int, recv: int, count: int, dt: int, root: int, stream: int) -> None:
-        size = count * np.dtype(DTYPES[dt]).itemsize
-        parts = self._collective(_read(send, size) if self.rank == root else None)
-        _write(recv, parts[root])
+    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int, stream: int) -> None:
+        size = count * np.dtype(DTYPES[datatype]).itemsize
+        parts = self._collective(_read(sendbuff, size) if self.rank == root else None)
+        _write(recvbuff, parts[root])
 
-    def allGather(self, send: int, recv: int, count: int, dt: int, stream: int) -> None:  # noqa: N802
-        parts = self._collective(_read(send, count * np.dtype(DTYPES[dt]).itemsize))
-        _write(recv, b"".join(parts))
+    def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:  # noqa: N802
+        parts = self._collective(_read(sendbuf, count * np.dtype(DTYPES[datatype]).itemsize))
+        _write(recvbuf, b"".join(parts))
 
-    def send(self, ptr: int, count: int, dt: int, peer: int, stream: int) -> None:
-        item = ("send", peer, _read(ptr, count * np.dtype(DTYPES[dt]).itemsize))
-        self._p2p(item)
+    def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        self._p2p(("send", peer, _read(sendbuf, count * np.dtype(DTYPES[datatype]).itemsize)))
 
-    def recv(self, ptr: int, count: int, dt: int, peer: int, stream: int) -> None:
-        self._p2p(("recv", peer, (ptr, count * np.dtype(DTYPES[dt]).itemsize)))
+    def recv(self, recvbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
+        self._p2p(("recv", peer, (recvbuf, count * np.dtype(DTYPES[datatype]).itemsize)))
 
     def _p2p(self, item: Any) -> None:
         queue = getattr(_local, "group", None)
@@ -196,22 +207,44 @@ def group_end() -> None:
         run_p2p(comm, items)
 
 
+class LegacyNcclCommunicator(NcclCommunicator):
+    """CuPy < 14's communicator: the unique id is a tuple of C ``char`` values, signed on x86-64."""
+
+    @staticmethod
+    def _id_key(comm_id: Any) -> bytes:
+        if not isinstance(comm_id, tuple):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected tuple, got {type(comm_id).__name__})")
+        if any(not -128 <= v <= 127 for v in comm_id):
+            raise OverflowError("value too large to convert to char")
+        assert len(comm_id) == 128
+        return bytes(v & 0xFF for v in comm_id)
+
+
 _uid_counter = iter(range(1, 1 << 30))
 
 
-def get_unique_id() -> tuple[int, ...]:
+def get_unique_id() -> bytes:
+    """Like CuPy >= 14: 128 bytes, some above 127 (as real ids have)."""
     n = next(_uid_counter)
-    digits = [(n >> (7 * k)) & 0x7F for k in range(4)]
-    return tuple([-100, 100, *digits] + [-1] * 122)
+    return bytes([200, 100, *((n >> (8 * k)) & 0xFF for k in range(4))] + [255] * 122)
 
 
-def make() -> tuple[Any, Any]:
-    """``(cupy, nccl)`` fakes, as ``load_cupy`` returns them."""
+def get_unique_id_legacy() -> tuple[int, ...]:
+    """Like CuPy < 14: a tuple of signed chars."""
+    return tuple(b - 256 if b > 127 else b for b in get_unique_id())
+
+
+def make(generation: int = 14) -> tuple[Any, Any]:
+    """``(cupy, nccl)`` fakes, as ``load_cupy`` returns them, modelling CuPy ``generation`` (13 or 14).
+
+    The NCCL constants have the values of NCCL's ``nccl.h``.
+    """
+    legacy = generation < 14
     nccl = types.SimpleNamespace(
         available=True,
         get_version=lambda: 22105,
-        get_unique_id=get_unique_id,
-        NcclCommunicator=NcclCommunicator,
+        get_unique_id=get_unique_id_legacy if legacy else get_unique_id,
+        NcclCommunicator=LegacyNcclCommunicator if legacy else NcclCommunicator,
         groupStart=group_start,
         groupEnd=group_end,
         NCCL_INT8=0, NCCL_UINT8=1, NCCL_INT32=2, NCCL_UINT32=3, NCCL_INT64=4, NCCL_UINT64=5,

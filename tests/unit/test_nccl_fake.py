@@ -24,6 +24,7 @@ from collsvc.client.backends.nccl_watchdog import Pending, Watchdog
 from collsvc.errors import AbortedError, CollectiveTimeoutError, CollsvcError, RankFailedError
 from collsvc.types import BITWISE_OPS, ReduceOp, check_op_dtype, numpy_dtype
 from tests.gpu import fake_cupy
+from tests.gpu.cupy_contract import COMMUNICATOR_METHODS, MEMCPY_DEVICE_TO_DEVICE, NCCL_CONSTANTS, parameters
 
 DTYPES = ["bool", "int8", "uint8", "int32", "uint32", "int64", "uint64"]
 DTYPES += ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
@@ -245,7 +246,10 @@ def test_data_movement_collectives_at_size_3() -> None:
         assert (got["all_to_all"] == want).all()
 
 
-def test_unique_id_is_published_once_per_group() -> None:
+@pytest.mark.parametrize("generation", [13, 14])
+def test_unique_id_is_published_once_per_group(generation: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CuPy >= 14 hands the id over as bytes, older CuPy as a tuple of signed chars; both must work."""
+    monkeypatch.setattr(nccl_module, "load_cupy", lambda: fake_cupy.make(generation))
     backends = make_backends(2)
     run_ranks(
         backends,
@@ -253,6 +257,18 @@ def test_unique_id_is_published_once_per_group() -> None:
     )
     kv = backends[0]._kv
     assert isinstance(kv, KV) and list(kv.data) == ["nccl/world/uid"] and len(kv.data["nccl/world/uid"]) == 128
+
+
+def test_the_fake_matches_the_recorded_cupy_contract() -> None:
+    """``test_cupy_library.py`` pins the same tables to the real CuPy."""
+    cupy, nccl = fake_cupy.make()
+    for name, expected in COMMUNICATOR_METHODS.items():
+        assert parameters(getattr(nccl.NcclCommunicator, name)) == expected, name
+    assert {n: getattr(nccl, n) for n in NCCL_CONSTANTS} == NCCL_CONSTANTS
+    assert cupy.cuda.runtime.memcpyDeviceToDevice == MEMCPY_DEVICE_TO_DEVICE
+    assert isinstance(nccl.get_unique_id(), bytes)
+    with pytest.raises(TypeError, match="commId"):
+        nccl.NcclCommunicator(1, tuple(nccl.get_unique_id()), 0)
 
 
 def test_unsupported_reductions_are_type_errors() -> None:

@@ -21,6 +21,17 @@ from collsvc.errors import BackendUnavailableError, CollectiveTimeoutError, Coll
 
 UID_BYTES = 128
 
+# What the backend calls in ``cupy.cuda.nccl``. NCCL_AVG, NCCL_BFLOAT16 and send/recv are optional: their
+# absence is handled per operation (``nccl_dtypes.py``, ``has_p2p``).
+REQUIRED_NCCL_NAMES = (
+    "NcclCommunicator", "get_unique_id", "get_version", "groupStart", "groupEnd",
+    "NCCL_INT8", "NCCL_UINT8", "NCCL_INT32", "NCCL_UINT32", "NCCL_INT64", "NCCL_UINT64",
+    "NCCL_FLOAT16", "NCCL_FLOAT32", "NCCL_FLOAT64", "NCCL_SUM", "NCCL_PROD", "NCCL_MAX", "NCCL_MIN",
+)  # fmt: skip
+REQUIRED_COMMUNICATOR_METHODS = (
+    "allReduce", "reduce", "broadcast", "allGather", "reduceScatter", "check_async_error", "abort", "destroy",
+)  # fmt: skip
+
 Barrier = Callable[[str, float], None]
 """``barrier(name, timeout)``: returns once every member of the group entered the named barrier."""
 
@@ -39,18 +50,24 @@ def load_cupy() -> tuple[Any, Any]:
     """Returns ``(cupy, cupy.cuda.nccl)``.
 
     Raises:
-        BackendUnavailableError: CuPy is missing, cannot load the NCCL library, or sees no GPU.
+        BackendUnavailableError: CuPy is missing, cannot load the NCCL library, lacks a function the
+            backend calls, or sees no GPU.
     """
     try:
         import cupy
         from cupy.cuda import nccl
     except Exception as exc:
         raise BackendUnavailableError(f"the nccl backend needs CuPy ({exc}); install it with {INSTALL_HINT}") from exc
+    version = getattr(cupy, "__version__", "?")
     if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
         raise BackendUnavailableError(
-            f"CuPy {getattr(cupy, '__version__', '?')} cannot load the NCCL library; install it with "
+            f"CuPy {version} cannot load the NCCL library; install it with "
             f"{INSTALL_HINT} (CuPy >= 14 also needs: pip install nvidia-nccl-cu12)"
         )
+    missing = [n for n in REQUIRED_NCCL_NAMES if not hasattr(nccl, n)]
+    missing += [f"NcclCommunicator.{n}" for n in REQUIRED_COMMUNICATOR_METHODS if not hasattr(nccl.NcclCommunicator, n)]
+    if missing:
+        raise BackendUnavailableError(f"CuPy {version}'s cupy.cuda.nccl lacks {', '.join(missing)}; upgrade CuPy")
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:
@@ -71,15 +88,46 @@ def has_p2p(nccl: Any) -> bool:
     return nccl_version(nccl) >= NCCL_P2P_MIN_VERSION and hasattr(nccl.NcclCommunicator, "send")
 
 
-def encode_uid(uid: tuple[int, ...]) -> bytes:
-    return bytes(v & 0xFF for v in uid)
+def unique_id(nccl: Any) -> bytes:
+    """``ncclGetUniqueId`` as the 128 bytes the key/value store carries.
 
+    CuPy >= 14 returns ``bytes``; older CuPy returns a tuple of C ``char`` values (signed on x86-64).
 
-def decode_uid(data: bytes, signed: bool) -> tuple[int, ...]:
-    """The tuple ``NcclCommunicator`` takes; C ``char`` is signed on x86-64, unsigned on aarch64."""
+    Raises:
+        CollsvcError: NCCL returned an id of another length.
+    """
+    raw = nccl.get_unique_id()
+    data = bytes(raw) if isinstance(raw, (bytes, bytearray)) else bytes(int(v) & 0xFF for v in raw)
     if len(data) != UID_BYTES:
         raise CollsvcError(f"NCCL unique id has {len(data)} bytes, expected {UID_BYTES}")
+    return data
+
+
+def _as_chars(data: bytes, signed: bool) -> tuple[int, ...]:
     return tuple(b - 256 if signed and b > 127 else b for b in data)
+
+
+def new_communicator(nccl: Any, size: int, data: bytes, index: int) -> Any:
+    """``NcclCommunicator(size, id, index)`` with the id in the form this CuPy takes.
+
+    CuPy >= 14 takes ``bytes``; older CuPy takes a tuple of C ``char`` values, signed on x86-64 and
+    unsigned on aarch64. A wrong form fails in argument conversion (``TypeError``/``OverflowError``),
+    before ``ncclCommInitRank`` runs, so trying the forms in turn is safe.
+
+    Raises:
+        CollsvcError: ``data`` is not 128 bytes.
+        Exception: whatever NCCL raises (``NcclError``), e.g. for a duplicate GPU.
+    """
+    if len(data) != UID_BYTES:
+        raise CollsvcError(f"NCCL unique id has {len(data)} bytes, expected {UID_BYTES}")
+    try:
+        return nccl.NcclCommunicator(size, data, index)
+    except TypeError:
+        pass
+    try:
+        return nccl.NcclCommunicator(size, _as_chars(data, signed=True), index)
+    except OverflowError:
+        return nccl.NcclCommunicator(size, _as_chars(data, signed=False), index)
 
 
 class GroupComm:
@@ -143,9 +191,8 @@ def create_group_comm(
 
     key = f"nccl/{group.name}/uid"
     if group.index == 0:
-        uid = tuple(int(v) for v in nccl.get_unique_id())
-        kv.set(key, encode_uid(uid))
-        data = encode_uid(uid)
+        data = unique_id(nccl)
+        kv.set(key, data)
     else:
         data = kv.get(key, remaining())
     barrier(f"nccl-init/{group.name}", remaining())
@@ -155,11 +202,7 @@ def create_group_comm(
     def init() -> None:
         try:
             with cupy.cuda.Device(device):
-                try:
-                    comm = nccl.NcclCommunicator(group.size, decode_uid(data, signed=True), group.index)
-                except OverflowError:  # unsigned char platform
-                    comm = nccl.NcclCommunicator(group.size, decode_uid(data, signed=False), group.index)
-                result["comm"] = comm
+                result["comm"] = new_communicator(nccl, group.size, data, group.index)
                 result["stream"] = cupy.cuda.Stream(non_blocking=True)
         except BaseException as exc:
             result["error"] = exc
