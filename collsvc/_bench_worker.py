@@ -41,13 +41,18 @@ def _operation(comm: collsvc.Communicator, op: str, x: Any, out: Any) -> Any:
 
 def main() -> int:
     config = json.loads(os.environ["COLLSVC_BENCH"])
-    comm = collsvc.init(backend=os.environ.get("COLLSVC_BACKEND", "auto"))
+    try:
+        comm = collsvc.init(backend=os.environ.get("COLLSVC_BACKEND", "auto"))
+    except collsvc.CollsvcError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     n, op = comm.size, config["op"]
     dtype = numpy_dtype(config["dtype"])
     xp: Any = np
     if config["device"] == "cuda":
         import cupy
 
+        cupy.cuda.Device(comm.local_rank % cupy.cuda.runtime.getDeviceCount()).use()  # the GPU reported at join
         xp = cupy
     rows = []
     for index, nbytes in enumerate(config["sizes"]):

@@ -50,6 +50,17 @@ def cupy_available() -> bool:
     return _cupy() is not None
 
 
+def _why_no_gpu() -> str:
+    """What stops this process from running the NCCL backend, in words (with the fix)."""
+    from collsvc.client.backends.nccl_comm import load_cupy
+
+    try:
+        load_cupy()
+    except BackendUnavailableError as exc:
+        return str(exc)
+    return f"CuPy with NCCL and a visible CUDA GPU are needed ({INSTALL_HINT})"
+
+
 def _uuid_from_cupy(cupy: Any, index: int) -> str:
     """``GPU-xxxxxxxx-...`` from CUDA's device properties (used when NVML is unavailable)."""
     raw = cupy.cuda.runtime.getDeviceProperties(index).get("uuid", b"")
@@ -170,9 +181,7 @@ def choose_backend(requested: str, members: Sequence[common_pb2.Member], my_rank
         return "ring", "backend='ring' requested"
     if requested == "nccl" and not cupy_available():
         raise BackendUnavailableError(
-            f"backend='nccl' needs CuPy with NCCL and a visible CUDA GPU on rank {my_rank}; "
-            f"install them with {INSTALL_HINT} (CuPy >= 14 also needs: pip install nvidia-nccl-cu12), "
-            "or use backend='ring'"
+            f"backend='nccl' cannot run on rank {my_rank}: {_why_no_gpu()}; or use backend='ring'"
         )
     no_gpu = _no_gpu(members)
     shared = _shared_gpu(members)

@@ -174,6 +174,7 @@ class Job:
                 barrier=self.named_barrier,
                 timeout=self.options.timeout,
                 failure=self.failure,
+                device=next(m.device.index for m in self.members if m.rank == self.rank),
             )
         self.backend_name = name
 
@@ -305,10 +306,14 @@ def connect(options: InitOptions) -> Job:
             local_rank_hint=options.local_rank_hint,
         )
         job = Job(options, client, join, client.members(), server, mailbox)
-        job.start()
     except BaseException:
         server.stop(0)
         client.close()
+        raise
+    try:
+        job.start()
+    except BaseException:
+        job.close()  # leave cleanly: the others learn at once, and the coordinator logs no failure
         raise
     log.info(
         "job %s: joined as rank %d of %d on %s in %.3fs (peer endpoint %s)",

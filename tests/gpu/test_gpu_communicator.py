@@ -22,9 +22,17 @@ pytestmark = [
 ]
 
 
+def use_my_gpu(comm: collsvc.Communicator) -> None:
+    """What a user script does: select the GPU this rank reported at join (its local rank's)."""
+    import cupy
+
+    cupy.cuda.Device(comm.local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+
+
 def nccl_world_of_one(comm: collsvc.Communicator) -> dict[str, Any]:
     import cupy
 
+    use_my_gpu(comm)
     x = cupy.arange(1 << 20, dtype=cupy.float32)
     total = comm.all_reduce(x)
     assert isinstance(total, cupy.ndarray)
@@ -39,6 +47,7 @@ def nccl_world_of_one(comm: collsvc.Communicator) -> dict[str, Any]:
 def ring_with_cupy(comm: collsvc.Communicator) -> dict[str, Any]:
     import cupy
 
+    use_my_gpu(comm)
     x = cupy.full(1000, comm.rank + 1, dtype=cupy.float32)
     total = comm.all_reduce(x)
     assert isinstance(total, cupy.ndarray), type(total)
@@ -87,6 +96,7 @@ def test_backend_nccl_on_a_shared_gpu_names_both_ranks() -> None:
 def killed_during_gpu_collective(comm: collsvc.Communicator) -> dict[str, Any]:
     import cupy
 
+    use_my_gpu(comm)
     comm.barrier()
     if comm.rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)

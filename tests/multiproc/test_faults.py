@@ -8,6 +8,7 @@ inside the ranks with ``time.monotonic`` from the moment the fault was triggered
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import collsvc
+from collsvc.client.devices import cupy_available
 from collsvc.errors import CollsvcError
 from tests.harness import coordinator, run_ranks
 
@@ -368,3 +370,26 @@ def test_collsvc_run_names_a_killed_rank(tmp_path: Path) -> None:
     assert "unreachable" not in res.stdout
     assert res.seconds < 15.0, res.seconds
     print(f"MEASURED collsvc run with a SIGKILLed rank: {res.seconds:.2f}s")
+
+
+def init_with_nccl(rank: int) -> dict[str, str]:
+    try:
+        collsvc.init(backend="nccl", timeout=30)
+    except collsvc.CollsvcError as exc:
+        return {"type": type(exc).__name__, "message": str(exc)}
+    return {"type": "none", "message": ""}
+
+
+@pytest.mark.skipif(cupy_available(), reason="this host has a GPU; tests/gpu covers backend='nccl' there")
+def test_backend_nccl_without_a_gpu_fails_init_and_leaves_cleanly(caplog: pytest.LogCaptureFixture) -> None:
+    """Every rank raises at init, naming itself and the fix; it leaves the job instead of vanishing."""
+    caplog.set_level(logging.INFO, logger="collsvc.server")
+    with coordinator() as (_, address):
+        result = run_ranks(init_with_nccl, 2, address=address, use_init=False, job_id="nccl-on-cpu")
+    for rank, seen in enumerate(result.values):
+        assert seen["type"] == "BackendUnavailableError", seen
+        assert f"rank {rank}" in seen["message"] and "backend='ring'" in seen["message"], seen
+        assert "pip install" in seen["message"] or "CUDA" in seen["message"], seen
+    server_lines = [r.getMessage() for r in caplog.records if "nccl-on-cpu" in r.getMessage()]
+    assert any("left" in line for line in server_lines), server_lines
+    assert not any("failed" in line for line in server_lines), server_lines

@@ -271,6 +271,15 @@ def test_the_fake_matches_the_recorded_cupy_contract() -> None:
         nccl.NcclCommunicator(1, tuple(nccl.get_unique_id()), 0)
 
 
+def test_an_array_on_another_gpu_than_the_one_reported_is_refused() -> None:
+    """The duplicate-GPU check ran on the reported device; an array elsewhere would void it."""
+    b = NcclBackend(0, 1, KV(), Barriers(1), 5.0, Failure(), device=1)  # the fake's arrays live on GPU 0
+    with pytest.raises(ValueError, match=r"rank 0: all_reduce got an array on GPU 0, but this rank reported GPU 1"):
+        b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), device(np.ones(4, np.float32)), ReduceOp.SUM)
+    assert isinstance(b._kv, KV) and b._kv.data == {}  # refused before NCCL was touched
+    b.close()
+
+
 def test_unsupported_reductions_are_type_errors() -> None:
     (b,) = make_backends(1)
     with pytest.raises(TypeError, match="int16") as info:

@@ -64,6 +64,8 @@ class NcclBackend:
         timeout: the job's timeout in seconds (used in messages; deadlines come with each call).
         failure: the job's recorded failure, polled while waiting so a dead rank fails pending work.
         watchdog_grace: seconds past a deadline before the watchdog aborts an operation stuck inside NCCL.
+        device: the CUDA ordinal this member reported when it joined (what the one-GPU-per-rank check
+            ran on); arrays on another GPU are rejected. None accepts any GPU.
 
     Raises:
         BackendUnavailableError: no CuPy, no NCCL library or no GPU here (the message has the fix).
@@ -81,6 +83,7 @@ class NcclBackend:
         failure: FailureSource,
         *,
         watchdog_grace: float = 1.0,
+        device: int | None = None,
     ) -> None:
         self._cp, self._nccl = load_cupy()
         self.rank = rank
@@ -90,6 +93,7 @@ class NcclBackend:
         self._timeout = timeout
         self._failure = failure
         self._grace = watchdog_grace
+        self._device = device
         self._version = nccl_version(self._nccl)
         self._has_avg = hasattr(self._nccl, "NCCL_AVG")
         self._p2p = has_p2p(self._nccl)
@@ -282,6 +286,13 @@ class NcclBackend:
         device = next(int(a.device.id) for a in arrays if a is not None)
         if any(a is not None and int(a.device.id) != device for a in arrays):
             raise ValueError(f"{call.signature.op}: all arrays must be on the same GPU")
+        if self._device is not None and device != self._device:
+            raise ValueError(
+                f"rank {self.rank}: {call.signature.op} got an array on GPU {device}, but this rank reported GPU "
+                f"{self._device} when it joined (from its local rank, or the current GPU at init) and the "
+                f"one-GPU-per-rank check ran on that; select it before allocating: "
+                f"cupy.cuda.Device({self._device}).use() or torch.cuda.set_device({self._device})"
+            )
         gc = self._comm_for(call, device)
         sig = call.signature
         desc = describe(sig.op, sig.dtype, sig.shape, sig.reduce_op, call.group.name, call.seq)

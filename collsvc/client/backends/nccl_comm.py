@@ -62,7 +62,7 @@ def load_cupy() -> tuple[Any, Any]:
     if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
         raise BackendUnavailableError(
             f"CuPy {version} cannot load the NCCL library; install it with "
-            f"{INSTALL_HINT} (CuPy >= 14 also needs: pip install nvidia-nccl-cu12)"
+            f"{INSTALL_HINT}, which brings nvidia-nccl-cu12 (CuPy >= 14 no longer bundles NCCL)"
         )
     missing = [n for n in REQUIRED_NCCL_NAMES if not hasattr(nccl, n)]
     missing += [f"NcclCommunicator.{n}" for n in REQUIRED_COMMUNICATOR_METHODS if not hasattr(nccl.NcclCommunicator, n)]
