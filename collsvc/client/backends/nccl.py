@@ -13,13 +13,13 @@ planned in ``nccl_dtypes.py``. Group indices (``root``, ``dst``, ``src``) are NC
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from collsvc.client.backends.base import Call
+from collsvc.client.backends.nccl_blocks import Blocks, ptr
 from collsvc.client.backends.nccl_comm import (
     Barrier,
     GroupComm,
@@ -45,10 +45,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Barrier", "FailureSource", "KeyValueLike", "NcclBackend"]
 
 _Body = Callable[[GroupComm, int], None]
-
-
-def _ptr(array: Any) -> int:
-    return int(array.data.ptr)
 
 
 class NcclBackend:
@@ -103,6 +99,7 @@ class NcclBackend:
         self._broken: CollsvcError | None = None
         self._closed = False
         self._watchdog = Watchdog(failure, grace=watchdog_grace)
+        self._blocks = Blocks(self._cp, self._nccl)
 
     # ----------------------------------------------------------------- collectives
 
@@ -114,18 +111,16 @@ class NcclBackend:
             def fold(gc: GroupComm, stream: int) -> None:
                 with gc.stream:
                     blocks = self._cp.empty((gc.group.size, n), dtype=buf.dtype)
-                gc.comm.allGather(_ptr(buf), _ptr(blocks), buf.nbytes, self._bytes, stream)
-                self._fold(gc, blocks, buf, plan)
+                gc.comm.allGather(ptr(buf), ptr(blocks), buf.nbytes, self._blocks.byte_type, stream)
+                self._blocks.fold(gc, blocks, buf, plan)
 
             self._run(call, buf.nbytes, [buf], fold)
             return
 
         def native(gc: GroupComm, stream: int) -> None:
             count = n * plan.factor
-            gc.comm.allReduce(
-                _ptr(buf), _ptr(buf), count, self._attr(plan.nccl_dtype), self._attr(plan.nccl_op), stream
-            )
-            self._maybe_divide(gc, buf, plan)
+            gc.comm.allReduce(ptr(buf), ptr(buf), count, self._attr(plan.nccl_dtype), self._attr(plan.nccl_op), stream)
+            self._blocks.maybe_divide(gc, buf, plan)
 
         self._run(call, buf.nbytes, [buf], native)
 
@@ -139,13 +134,13 @@ class NcclBackend:
                 me = gc.group.index
                 with gc.stream:
                     blocks = self._cp.empty((gc.group.size, n), dtype=buf.dtype) if me == root else None
-                with self._grouped():
+                with self._blocks.grouped():
                     if blocks is None:
-                        gc.comm.send(_ptr(buf), buf.nbytes, self._bytes, root, stream)
+                        gc.comm.send(ptr(buf), buf.nbytes, self._blocks.byte_type, root, stream)
                     else:
-                        self._exchange_in(gc, stream, blocks, buf, buf.nbytes)
+                        self._blocks.gather_into(gc, stream, blocks, buf, buf.nbytes)
                 if blocks is not None:
-                    self._fold(gc, blocks, buf, plan)
+                    self._blocks.fold(gc, blocks, buf, plan)
 
             self._run(call, buf.nbytes, [buf], fold)
             return
@@ -153,21 +148,21 @@ class NcclBackend:
         def native(gc: GroupComm, stream: int) -> None:
             count = n * plan.factor
             dtype, nccl_op = self._attr(plan.nccl_dtype), self._attr(plan.nccl_op)
-            gc.comm.reduce(_ptr(buf), _ptr(buf), count, dtype, nccl_op, root, stream)
+            gc.comm.reduce(ptr(buf), ptr(buf), count, dtype, nccl_op, root, stream)
             if gc.group.index == root:
-                self._maybe_divide(gc, buf, plan)
+                self._blocks.maybe_divide(gc, buf, plan)
 
         self._run(call, buf.nbytes, [buf], native)
 
     def broadcast(self, call: Call, buf: Any, root: int) -> None:
         def body(gc: GroupComm, stream: int) -> None:
-            gc.comm.broadcast(_ptr(buf), _ptr(buf), buf.nbytes, self._bytes, root, stream)
+            gc.comm.broadcast(ptr(buf), ptr(buf), buf.nbytes, self._blocks.byte_type, root, stream)
 
         self._run(call, buf.nbytes, [buf], body)
 
     def all_gather(self, call: Call, src: Any, out: Any) -> None:
         def body(gc: GroupComm, stream: int) -> None:
-            gc.comm.allGather(_ptr(src), _ptr(out), src.nbytes, self._bytes, stream)
+            gc.comm.allGather(ptr(src), ptr(out), src.nbytes, self._blocks.byte_type, stream)
 
         self._run(call, src.nbytes, [src, out], body)
 
@@ -180,9 +175,9 @@ class NcclBackend:
             def fold(gc: GroupComm, stream: int) -> None:
                 with gc.stream:
                     blocks = self._cp.empty((gc.group.size, n), dtype=out.dtype)
-                with self._grouped():
-                    self._all_to_all(gc, stream, src, blocks, out.nbytes)
-                self._fold(gc, blocks, out, plan)
+                with self._blocks.grouped():
+                    self._blocks.all_to_all(gc, stream, src, blocks, out.nbytes)
+                self._blocks.fold(gc, blocks, out, plan)
 
             self._run(call, out.nbytes, [src, out], fold)
             return
@@ -190,8 +185,8 @@ class NcclBackend:
         def native(gc: GroupComm, stream: int) -> None:
             count = n * plan.factor
             dtype, nccl_op = self._attr(plan.nccl_dtype), self._attr(plan.nccl_op)
-            gc.comm.reduceScatter(_ptr(src), _ptr(out), count, dtype, nccl_op, stream)
-            self._maybe_divide(gc, out, plan)
+            gc.comm.reduceScatter(ptr(src), ptr(out), count, dtype, nccl_op, stream)
+            self._blocks.maybe_divide(gc, out, plan)
 
         self._run(call, out.nbytes, [src, out], native)
 
@@ -199,11 +194,11 @@ class NcclBackend:
         self._need_p2p(call)
 
         def body(gc: GroupComm, stream: int) -> None:
-            with self._grouped():
+            with self._blocks.grouped():
                 if gc.group.index == root:
-                    self._exchange_in(gc, stream, out, src, src.nbytes)
+                    self._blocks.gather_into(gc, stream, out, src, src.nbytes)
                 else:
-                    gc.comm.send(_ptr(src), src.nbytes, self._bytes, root, stream)
+                    gc.comm.send(ptr(src), src.nbytes, self._blocks.byte_type, root, stream)
 
         self._run(call, src.nbytes, [src, out], body)
 
@@ -213,15 +208,15 @@ class NcclBackend:
 
         def body(gc: GroupComm, stream: int) -> None:
             me = gc.group.index
-            with self._grouped():
+            with self._blocks.grouped():
                 if me != root:
-                    gc.comm.recv(_ptr(out), nb, self._bytes, root, stream)
+                    gc.comm.recv(ptr(out), nb, self._blocks.byte_type, root, stream)
                     return
                 for r in range(gc.group.size):
                     if r == me:
-                        self._copy(_ptr(out), _ptr(src) + r * nb, nb, stream)
+                        self._blocks.copy(ptr(out), ptr(src) + r * nb, nb, stream)
                     else:
-                        gc.comm.send(_ptr(src) + r * nb, nb, self._bytes, r, stream)
+                        gc.comm.send(ptr(src) + r * nb, nb, self._blocks.byte_type, r, stream)
 
         self._run(call, nb, [out, src], body)
 
@@ -229,8 +224,8 @@ class NcclBackend:
         self._need_p2p(call)
 
         def body(gc: GroupComm, stream: int) -> None:
-            with self._grouped():
-                self._all_to_all(gc, stream, src, out, out.nbytes // gc.group.size)
+            with self._blocks.grouped():
+                self._blocks.all_to_all(gc, stream, src, out, out.nbytes // gc.group.size)
 
         self._run(call, out.nbytes, [src, out], body)
 
@@ -238,7 +233,7 @@ class NcclBackend:
         self._need_p2p(call)
 
         def body(gc: GroupComm, stream: int) -> None:
-            gc.comm.send(_ptr(buf), buf.nbytes, self._bytes, dst, stream)
+            gc.comm.send(ptr(buf), buf.nbytes, self._blocks.byte_type, dst, stream)
 
         self._run(call, buf.nbytes, [buf], body)
 
@@ -246,7 +241,7 @@ class NcclBackend:
         self._need_p2p(call)
 
         def body(gc: GroupComm, stream: int) -> None:
-            gc.comm.recv(_ptr(out), out.nbytes, self._bytes, src, stream)
+            gc.comm.recv(ptr(out), out.nbytes, self._blocks.byte_type, src, stream)
 
         self._run(call, out.nbytes, [out], body)
 
@@ -377,10 +372,6 @@ class NcclBackend:
 
     # ----------------------------------------------------------------- helpers
 
-    @property
-    def _bytes(self) -> int:
-        return int(self._nccl.NCCL_UINT8)
-
     def _attr(self, name: str) -> int:
         return int(getattr(self._nccl, name))
 
@@ -395,52 +386,3 @@ class NcclBackend:
             raise BackendUnavailableError(
                 f"{call.signature.op} on the nccl backend needs NCCL >= 2.7 send/recv (version code {self._version})"
             )
-
-    @contextlib.contextmanager
-    def _grouped(self) -> Iterator[None]:
-        self._nccl.groupStart()
-        try:
-            yield
-        finally:
-            self._nccl.groupEnd()
-
-    def _copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        runtime = self._cp.cuda.runtime
-        runtime.memcpyAsync(dst, src, nbytes, runtime.memcpyDeviceToDevice, stream)
-
-    def _exchange_in(self, gc: GroupComm, stream: int, blocks: Any, mine: Any, nb: int) -> None:
-        """Receives every member's block into ``blocks`` in group order (ours copied locally)."""
-        me = gc.group.index
-        for r in range(gc.group.size):
-            if r == me:
-                self._copy(_ptr(blocks) + r * nb, _ptr(mine), nb, stream)
-            else:
-                gc.comm.recv(_ptr(blocks) + r * nb, nb, self._bytes, r, stream)
-
-    def _all_to_all(self, gc: GroupComm, stream: int, src: Any, out: Any, nb: int) -> None:
-        """Block r of ``src`` goes to member r; block r of ``out`` comes from member r."""
-        me = gc.group.index
-        for r in range(gc.group.size):
-            if r == me:
-                self._copy(_ptr(out) + r * nb, _ptr(src) + r * nb, nb, stream)
-            else:
-                gc.comm.send(_ptr(src) + r * nb, nb, self._bytes, r, stream)
-                gc.comm.recv(_ptr(out) + r * nb, nb, self._bytes, r, stream)
-
-    def _fold(self, gc: GroupComm, blocks: Any, out: Any, plan: ReducePlan) -> None:
-        """``out = blocks[0] op blocks[1] op ...`` in rank order, on the communicator's stream."""
-        ufunc = getattr(self._cp, plan.ufunc)
-        view = plan.view
-        with gc.stream:
-            b = blocks.view(view) if view else blocks
-            o = out.view(view) if view else out
-            o[...] = b[0]
-            for r in range(1, b.shape[0]):
-                ufunc(o, b[r], out=o)
-
-    def _maybe_divide(self, gc: GroupComm, buf: Any, plan: ReducePlan) -> None:
-        if plan.mode is not Mode.SUM_THEN_DIVIDE:
-            return
-        with gc.stream:
-            v = buf.view(plan.view) if plan.view else buf
-            v /= gc.group.size
