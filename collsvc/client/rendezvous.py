@@ -152,7 +152,12 @@ class CoordinatorClient:
             CollectiveTimeoutError: ``timeout`` passed; ``waiting_on`` names who never arrived.
         """
         request = coordinator_pb2.BarrierRequest(
-            job_id=self.job_id, group=group, rank=rank, generation=generation, timeout_s=timeout
+            job_id=self.job_id,
+            group=group,
+            rank=rank,
+            generation=generation,
+            timeout_s=timeout,
+            member_secret=self.member_secret,
         )
         reply = self._call(
             "Barrier",

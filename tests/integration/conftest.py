@@ -29,6 +29,7 @@ class Client:
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self.watches: list[Watch] = []
+        self.secrets: dict[tuple[str, int], str] = {}  # (job id, rank) -> member secret, from joins
 
     def __call__(self, method: str, request: Any, timeout: float = CALL_TIMEOUT) -> Any:
         try:
@@ -39,7 +40,22 @@ class Client:
     def join(self, job_id: str, world_size: int, *, timeout_s: float = 5.0, **fields: Any) -> Any:
         fields.setdefault("host", "localhost")
         request = pb.JoinRequest(job_id=job_id, world_size=world_size, timeout_s=timeout_s, **fields)
-        return self("Join", request, timeout=timeout_s + 5)
+        reply = self("Join", request, timeout=timeout_s + 5)
+        self.secrets[(job_id, reply.rank)] = reply.member_secret
+        return reply
+
+    def barrier_request(
+        self, job_id: str, rank: int, generation: int, timeout_s: float, group: str = "world"
+    ) -> pb.BarrierRequest:
+        """A BarrierRequest as member ``rank`` would send it, with the secret its join returned."""
+        return pb.BarrierRequest(
+            job_id=job_id,
+            group=group,
+            rank=rank,
+            generation=generation,
+            timeout_s=timeout_s,
+            member_secret=self.secrets.get((job_id, rank), ""),
+        )
 
     def join_all(
         self, job_id: str, world_size: int, fields: Callable[[int], dict[str, Any]] | None = None

@@ -82,7 +82,7 @@ def test_rank_failure_maps_back_with_ranks_and_hosts(start_coordinator: Callable
         reason="segv",
     )
     client("ReportFailure", report)
-    barrier = pb.BarrierRequest(job_id="j", group="world", rank=0, generation=1, timeout_s=5)
+    barrier = client.barrier_request("j", 0, 1, 5)
     with pytest.raises(grpc.RpcError) as info:
         client.stub.Barrier(barrier, metadata=client.metadata, timeout=5)
     error = error_from_rpc(info.value, "barrier")

@@ -48,6 +48,19 @@ def test_no_token_configured_means_no_token_needed(start_coordinator: Callable[.
     client("SetKey", pb.SetKeyRequest(job_id="j", key="k", value=b"v"))
 
 
+def test_member_secret_guards_barriers(client: Client) -> None:
+    """Only a member can enter a barrier as its rank: a wrong secret is refused and counts for nothing."""
+    replies = {r.rank: r for r in client.join_all("j", 2)}
+    as_rank_1 = pb.BarrierRequest(
+        job_id="j", group="world", rank=1, generation=1, timeout_s=5, member_secret=replies[0].member_secret
+    )
+    assert isinstance(expect_error(lambda: client("Barrier", as_rank_1)), AuthenticationError)
+    no_secret = pb.BarrierRequest(job_id="j", group="world", rank=1, generation=1, timeout_s=5)
+    assert isinstance(expect_error(lambda: client("Barrier", no_secret)), AuthenticationError)
+    alone = client("Barrier", client.barrier_request("j", 0, 1, 0.2))  # rank 1 never really arrived
+    assert not alone.complete and [w.rank for w in alone.waiting_on] == [1]
+
+
 def test_member_secret_guards_leave_watch_and_reports(client: Client) -> None:
     replies = client.join_all("j", 2)
     wrong = pb.LeaveRequest(job_id="j", rank=replies[0].rank, member_secret=replies[1].member_secret)

@@ -17,7 +17,7 @@ def _barrier_all(client: Client, job_id: str, ranks: list[int], generation: int,
             pool.submit(
                 client,
                 "Barrier",
-                pb.BarrierRequest(job_id=job_id, group=group, rank=r, generation=generation, timeout_s=5),
+                client.barrier_request(job_id, r, generation, 5, group),
             )
             for r in ranks
         ]
@@ -59,7 +59,7 @@ def test_barrier_timeout_names_who_did_not_arrive(client: Client) -> None:
             pool.submit(
                 client,
                 "Barrier",
-                pb.BarrierRequest(job_id="j", group="world", rank=r, generation=1, timeout_s=0.3),
+                client.barrier_request("j", r, 1, 0.3),
             )
             for r in (0, 1)
         ]
@@ -118,7 +118,7 @@ def test_groups_progress_and_status(client: Client) -> None:
     assert found.found and list(found.ranks) == [0, 2]
     assert not client("FindGroup", pb.FindGroupRequest(job_id="j", name="nope")).found
     assert _barrier_all(client, "j", [0, 2], 1, group="pair") == [True, True]
-    unknown = pb.BarrierRequest(job_id="j", group="nope", rank=0, generation=1, timeout_s=1)
+    unknown = client.barrier_request("j", 0, 1, 1, group="nope")
     assert isinstance(expect_error(lambda: client("Barrier", unknown)), ValueError)
 
     status = client("GetStatus", pb.GetStatusRequest())

@@ -23,8 +23,7 @@ def _watched_job(client: Client, n: int) -> tuple[list[Any], list[Watch]]:
 
 
 def _barrier(client: Client, rank: int, generation: int = 1, timeout_s: float = 10.0) -> Any:
-    request = pb.BarrierRequest(job_id="j", group="world", rank=rank, generation=generation, timeout_s=timeout_s)
-    return client("Barrier", request)
+    return client("Barrier", client.barrier_request("j", rank, generation, timeout_s))
 
 
 def test_leave_tells_the_others_and_fails_their_barriers(client: Client) -> None:

@@ -80,18 +80,20 @@ class GetMembersResponse(_message.Message):
     def __init__(self, members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_incarnation: _Optional[int] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
-    __slots__ = ("job_id", "group", "rank", "generation", "timeout_s")
+    __slots__ = ("job_id", "group", "rank", "generation", "timeout_s", "member_secret")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group: str
     rank: int
     generation: int
     timeout_s: float
-    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    member_secret: str
+    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., timeout_s: _Optional[float] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
 class WaitingMember(_message.Message):
     __slots__ = ("rank", "host", "last_op", "finished_seq")

@@ -90,7 +90,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
 
     @translate_errors
     async def Barrier(self, request: Any, context: Context) -> Any:
-        rt = self.hub.find(request.job_id)
+        rt, _ = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
         job, group, generation = rt.job, request.group or "world", request.generation
         key = (group, generation)
         if job.barrier_arrive(group, generation, request.rank):
