@@ -7,6 +7,8 @@ of its group and runs on the job's ordered executor. The array plumbing of each 
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 
 from collsvc.client import bucketing, objects, ops
 from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.devices import caller_gpu_context
 from collsvc.client.job import Job
 from collsvc.client.work import Work
 from collsvc.errors import AbortedError, CollsvcError
@@ -106,8 +109,14 @@ class Communicator:
         backend = self._job.backend_for(on_gpu)
         group = spec or self._spec
         description = describe(signature)
+        # CuPy arrays (on either backend) may run on the worker thread: take the caller's device and stream.
+        gpu_context = caller_gpu_context() if on_gpu or "cupy" in sys.modules else contextlib.nullcontext
 
         def execute() -> T:
+            with gpu_context():  # the caller's device and stream, also on the worker thread
+                return run()
+
+        def run() -> T:
             self._job.failure.check()
             limit = self._job.options.timeout if timeout is None else timeout
             call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)

@@ -11,10 +11,12 @@ for a job where one member could not run it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from collsvc.errors import BackendUnavailableError, RendezvousError
@@ -115,6 +117,38 @@ def local_device(local_rank_hint: int | None = None) -> common_pb2.DeviceIdentit
     except Exception as exc:
         log.warning("could not identify the local GPU (%s); reporting a CPU device", exc)
         return common_pb2.DeviceIdentity(kind="cpu")
+
+
+def caller_gpu_context() -> Callable[[], AbstractContextManager[Any]]:
+    """The calling thread's current CUDA device and CuPy stream, to enter again on another thread.
+
+    CUDA's current device and CuPy's current stream belong to a thread. A GPU collective that runs on the
+    communicator's worker thread (async, or queued behind one) must allocate on the caller's device and
+    order itself on the caller's stream, as it would inline.
+
+    Returns:
+        A factory of context managers that make that device and stream current on the entering thread;
+        one that does nothing when CuPy sees no GPU. Never raises.
+    """
+    try:
+        import cupy
+
+        device = cupy.cuda.Device()
+        stream = cupy.cuda.get_current_stream()
+    except Exception:
+        return contextlib.nullcontext
+
+    @contextlib.contextmanager
+    def enter() -> Iterator[None]:
+        with device:  # a Device object of this call alone (its enter/exit stack is per object)
+            previous = cupy.cuda.get_current_stream()
+            stream.use()  # use(), not "with stream": the caller may be inside "with stream" right now
+            try:
+                yield
+            finally:
+                previous.use()
+
+    return enter
 
 
 def _gpu_key(member: common_pb2.Member) -> tuple[str, str]:

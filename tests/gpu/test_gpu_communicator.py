@@ -41,6 +41,14 @@ def nccl_world_of_one(comm: collsvc.Communicator) -> dict[str, Any]:
     assert bool(cupy.allclose(avg, x))
     gathered = comm.all_gather(x[:10])
     assert gathered.shape == (10,)
+    # An async call runs on the communicator's worker thread, but in the caller's device and stream:
+    # NCCL must see the doubling queued on that stream before it.
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        y = cupy.arange(1 << 20, dtype=cupy.float32)
+        y *= 2
+        comm.all_reduce(y, out=y, async_op=True).wait()
+        assert float(y.sum()) == float(np.arange(1 << 20, dtype=np.float64).sum() * 2)
     return {"backend": comm.backend}
 
 

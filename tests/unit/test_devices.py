@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from typing import Any
 
@@ -78,3 +79,77 @@ def test_importing_collsvc_does_not_import_cupy() -> None:
         "assert 'cupy' not in sys.modules, 'cupy imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _Stream:
+    def __init__(self, cuda: _ThreadLocalCuda, name: str) -> None:
+        self.cuda, self.name = cuda, name
+
+    def use(self) -> None:
+        self.cuda.local.stream = self.name
+
+    def __enter__(self) -> None:
+        self.previous = self.cuda.current()[1]
+        self.use()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cuda.local.stream = self.previous
+
+
+class _ThreadLocalCuda:
+    """CUDA's current device and CuPy's current stream, per thread, as the real ones are."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def current(self) -> tuple[int, str]:
+        return getattr(self.local, "device", 0), getattr(self.local, "stream", "null")
+
+    def _entering(self, attribute: str, value: Any) -> Any:  # the device only
+        local = self.local
+
+        class Entered:
+            def __enter__(self) -> None:
+                self.previous = getattr(local, attribute, 0)  # on the entering thread, as CUDA does
+                setattr(local, attribute, value)
+
+            def __exit__(self, *exc: object) -> None:
+                setattr(local, attribute, self.previous)
+
+        return Entered()
+
+    def Device(self, index: int | None = None) -> Any:  # noqa: N802 - CuPy's name
+        return self._entering("device", self.current()[0] if index is None else index)
+
+    def Stream(self, name: str) -> Any:  # noqa: N802 - CuPy's name
+        return _Stream(self, name)
+
+    def get_current_stream(self) -> Any:
+        return _Stream(self, self.current()[1])
+
+
+def test_caller_gpu_context_carries_the_callers_device_and_stream_to_the_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cuda = _ThreadLocalCuda()
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    seen: dict[str, tuple[int, str]] = {}
+    with cuda.Device(3), cuda.Stream("caller-stream"):
+        enter = devices.caller_gpu_context()
+
+    def worker() -> None:
+        seen["before"] = cuda.current()
+        with enter():
+            seen["inside"] = cuda.current()
+        seen["after"] = cuda.current()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == {"before": (0, "null"), "inside": (3, "caller-stream"), "after": (0, "null")}
+
+
+def test_caller_gpu_context_is_a_no_op_without_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with devices.caller_gpu_context()():
+        pass
