@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from collsvc.client import devices
@@ -68,7 +70,8 @@ def test_same_pci_bus_on_different_hosts_is_not_shared_without_uuid() -> None:
     assert choose_backend("auto", [a, b, c], 0)[0] == "ring"
 
 
-def test_nccl_without_cupy_raises_with_install_hint(no_cupy: None) -> None:
+def test_nccl_without_cupy_raises_with_install_hint(no_cupy: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", None)  # absent even where CuPy is installed
     with pytest.raises(BackendUnavailableError) as info:
         choose_backend("nccl", DISTINCT, 0)
     assert INSTALL_HINT in str(info.value)
