@@ -104,6 +104,8 @@ def test_rank_killed_by_signal(tmp_path: Path) -> None:
 
 
 def test_sigterm_ignoring_sibling_and_its_children_are_killed_after_grace(tmp_path: Path) -> None:
+    ready = tmp_path / "rank0-ready"
+    os.mkfifo(ready)  # rank 1 exits only once rank 0 has started its child and said so
     path = script(
         tmp_path,
         "stubborn.py",
@@ -114,7 +116,10 @@ def test_sigterm_ignoring_sibling_and_its_children_are_killed_after_grace(tmp_pa
             "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); {BLOCK_FOREVER}"])
         print("child", child.pid, flush=True)
         if os.environ["COLLSVC_RANK"] == "1":
+            open({str(ready)!r}).read()  # blocks until rank 0 opened the pipe and closed it again
             sys.exit(7)
+        with open({str(ready)!r}, "w") as pipe:
+            pipe.write("ready")
         {BLOCK_FOREVER}
         """,
     )
