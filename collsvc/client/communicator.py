@@ -110,19 +110,16 @@ class Communicator:
         group = spec or self._spec
         description = describe(signature)
         # CuPy arrays (on either backend) may run on the worker thread: take the caller's device and stream.
-        gpu_context = caller_gpu_context() if on_gpu or "cupy" in sys.modules else contextlib.nullcontext
+        gpu_context = caller_gpu_context() if "cupy" in sys.modules else contextlib.nullcontext
 
         def execute() -> T:
-            with gpu_context():  # the caller's device and stream, also on the worker thread
-                return run()
-
-        def run() -> T:
             self._job.failure.check()
             limit = self._job.options.timeout if timeout is None else timeout
             call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)
             record = self._job.progress.start(stream, seq, description)
             try:
-                result = body(call, backend)
+                with gpu_context():
+                    result = body(call, backend)
             except CollsvcError as exc:
                 self._job.progress.finish(record, type(exc).__name__)
                 raise self._job.on_failure(call, exc) from exc

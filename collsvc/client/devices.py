@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -30,18 +29,11 @@ _BACKENDS = ("auto", "nccl", "ring")
 
 
 def _cupy() -> Any:
-    """CuPy when it imports, can load NCCL and sees a GPU; else None. Never raises."""
-    try:
-        with warnings.catch_warnings():  # CuPy warns when libnccl is missing; we report "cpu" instead
-            warnings.simplefilter("ignore")
-            import cupy
-            from cupy.cuda import nccl
+    """CuPy when the NCCL backend can run here (``load_cupy`` succeeds); else None. Never raises."""
+    from collsvc.client.backends.nccl_comm import load_cupy
 
-        if not getattr(nccl, "available", False):
-            return None
-        if int(cupy.cuda.runtime.getDeviceCount()) < 1:
-            return None
-        return cupy
+    try:
+        return load_cupy()[0]
     except Exception:
         return None
 

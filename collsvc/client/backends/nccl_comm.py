@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -54,8 +55,10 @@ def load_cupy() -> tuple[Any, Any]:
             backend calls, or sees no GPU.
     """
     try:
-        import cupy
-        from cupy.cuda import nccl
+        with warnings.catch_warnings():  # CuPy warns when libnccl is missing; the error below says more
+            warnings.simplefilter("ignore")
+            import cupy
+            from cupy.cuda import nccl
     except Exception as exc:
         raise BackendUnavailableError(f"the nccl backend needs CuPy ({exc}); install it with {INSTALL_HINT}") from exc
     version = getattr(cupy, "__version__", "?")
@@ -97,7 +100,10 @@ def unique_id(nccl: Any) -> bytes:
         CollsvcError: NCCL returned an id of another length.
     """
     raw = nccl.get_unique_id()
-    data = bytes(raw) if isinstance(raw, (bytes, bytearray)) else bytes(int(v) & 0xFF for v in raw)
+    return _checked(bytes(raw) if isinstance(raw, (bytes, bytearray)) else bytes(int(v) & 0xFF for v in raw))
+
+
+def _checked(data: bytes) -> bytes:
     if len(data) != UID_BYTES:
         raise CollsvcError(f"NCCL unique id has {len(data)} bytes, expected {UID_BYTES}")
     return data
@@ -118,8 +124,7 @@ def new_communicator(nccl: Any, size: int, data: bytes, index: int) -> Any:
         CollsvcError: ``data`` is not 128 bytes.
         Exception: whatever NCCL raises (``NcclError``), e.g. for a duplicate GPU.
     """
-    if len(data) != UID_BYTES:
-        raise CollsvcError(f"NCCL unique id has {len(data)} bytes, expected {UID_BYTES}")
+    _checked(data)
     try:
         return nccl.NcclCommunicator(size, data, index)
     except TypeError:
