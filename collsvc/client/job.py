@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 from collsvc.client.backends.base import Call
-from collsvc.client.backends.ring.backend import LocalGroups, RingBackend
+from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
 from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.client.heartbeat import FailureState, ProgressTracker, Watcher
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.client.work import OrderedExecutor
@@ -197,7 +198,7 @@ class Job:
         for rank in ranks:
             self.departed.setdefault(rank, error)
         self.mailbox.depart(ranks, error, finished)
-        self.ring.depart(ranks, error)  # shared-memory waiters too, not only the gRPC mailbox
+        self.ring.depart(ranks, error, finished)  # shared-memory waiters too, not only the gRPC mailbox
 
     def _abort_backends(self, error: BaseException) -> None:
         self.ring.abort(error)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -180,6 +181,17 @@ class Backend(Protocol):
     def abort(self, error: BaseException) -> None:
         """Fails every pending and future operation with ``error`` (called from another thread)."""
         ...
+
+
+def last_finished(progress: Mapping[str, int], stream: str) -> int:
+    """The last sequence number a member finished in ``stream``, from its final progress (0: none).
+
+    Sub-calls (``"world/leaders/3"``) count under the stream their call was recorded in (``"world"``).
+    """
+    name = stream
+    while name not in progress and "/" in name:
+        name = name.rsplit("/", 1)[0]
+    return progress.get(name, 0)
 
 
 def as_bytes_view(array: np.ndarray) -> memoryview:

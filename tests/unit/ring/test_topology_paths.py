@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from collsvc.client.backends.base import Signature
-from collsvc.client.backends.ring.backend import LocalGroups, RingBackend
+from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.memory import MemoryHub
 from collsvc.client.backends.ring.topology import plan
+from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.types import ReduceOp
 
 LAYOUTS = {

@@ -13,9 +13,7 @@ member of a call takes the same one:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -26,6 +24,7 @@ from collsvc.client.backends.base import Call, Channel, GroupSpec
 from collsvc.client.backends.ring import algorithms
 from collsvc.client.backends.ring.reduction import finish_average
 from collsvc.client.backends.ring.topology import Topology, plan
+from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
 
@@ -34,75 +33,6 @@ from collsvc.types import ReduceOp
 PIPELINE_CHUNK_BYTES = 4 << 20
 # Bytes per member in the signature agreement of rooted calls over gRPC (digest + signature JSON).
 AGREEMENT_BYTES = 256
-
-LocalGroupFactory = Callable[[str, int, int], Any]  # (namespace, local_rank, local_size) -> LocalGroup
-
-
-class LocalGroups:
-    """Shared-memory groups of this process, one per (group name, local members), created on first use.
-
-    ``fail`` wakes every group's waiters (wired to the job's failure state).
-    """
-
-    def __init__(self, job_key: str, timeout: float, factory: LocalGroupFactory | None = None) -> None:
-        self._job_key = job_key
-        self._timeout = timeout
-        self._factory = factory
-        self._groups: dict[tuple[str, tuple[int, ...]], Any] = {}
-        self._lock = threading.Lock()
-        self._error: BaseException | None = None
-        self._departed: dict[int, BaseException] = {}
-
-    def get(self, name: str, local: tuple[int, ...], local_index: int) -> Any:
-        key = (name, local)
-        with self._lock:
-            group = self._groups.get(key)
-            departed = next((self._departed[r] for r in local if r in self._departed), None)
-        if group is not None:
-            return group
-        if departed is not None:
-            raise departed  # a group with a member that left would wait for it until the timeout
-        if self._factory is None:
-            from collsvc.client.backends.shm.group import LocalGroup
-
-            def make(namespace: str, rank: int, size: int) -> Any:
-                return LocalGroup(namespace, rank, size, timeout=self._timeout)
-
-            self._factory = make
-        namespace = hashlib.blake2b(f"{self._job_key}|{name}|{local}".encode(), digest_size=12).hexdigest()
-        group = self._factory(namespace, local_index, len(local))
-        with self._lock:
-            self._groups[key] = group
-            error = self._error
-        if error is not None:
-            group.fail(error)
-        return group
-
-    def fail(self, error: BaseException) -> None:
-        with self._lock:
-            self._error = self._error or error
-            groups = list(self._groups.values())
-        for group in groups:
-            group.fail(error)
-
-    def depart(self, ranks: list[int], error: BaseException) -> None:
-        """Fails the groups that contain a rank that left the job cleanly; the others go on.
-
-        Without this a survivor blocked in a shared-memory step with a departed rank would wait for it
-        until the call's timeout (the gRPC path learns it through ``Mailbox.depart``).
-        """
-        with self._lock:
-            for rank in ranks:
-                self._departed.setdefault(rank, error)
-            groups = [g for (_, local), g in self._groups.items() if set(local) & set(ranks)]
-        for group in groups:
-            group.fail(error)
-
-    def close(self) -> None:
-        with self._lock:
-            groups, self._groups = list(self._groups.values()), {}
-        for group in groups:
-            group.close()
 
 
 class RingBackend:
@@ -155,7 +85,7 @@ class RingBackend:
         topo = self._topology(call.group)
         if topo is None or self._local_groups is None or not topo.single_host or call.group.size == 1:
             return None
-        return self._local_groups.get(call.key, topo.local, topo.local_index)
+        return self._local_groups.get(call, topo.local, topo.local_index)
 
     def _local(self, call: Call, local: tuple[int, ...], body: Callable[[], None]) -> None:
         """Runs a shared-memory step, naming mismatches by global rank with this rank's full call."""
@@ -257,8 +187,7 @@ class RingBackend:
         bounds = [(lo, min(lo + step, buf.size)) for lo in range(0, buf.size, step)] or [(0, 0)]
         shared = None
         if self._local_groups is not None and len(topo.local) > 1:
-            host_key = self._sub_call(call, "/host", topo.local, me).key
-            shared = self._local_groups.get(host_key, topo.local, topo.local_index)
+            shared = self._local_groups.get(self._sub_call(call, "/host", topo.local, me), topo.local, topo.local_index)
         crossing: list[Future[None]] = []
 
         def local(kind: str, k: int) -> None:
@@ -384,10 +313,13 @@ class RingBackend:
         if self._local_groups is not None:
             self._local_groups.fail(error)
 
-    def depart(self, ranks: list[int], error: BaseException) -> None:
-        """Ranks left the job cleanly: calls that need them raise ``error``; the others go on."""
+    def depart(
+        self, ranks: list[int], error: BaseException, finished: Mapping[int, Mapping[str, int]] | None = None
+    ) -> None:
+        """Ranks left the job cleanly (``finished``: their final progress, rank -> stream -> last
+        finished sequence number): calls that still need them raise ``error``; the others go on."""
         if self._local_groups is not None:
-            self._local_groups.depart(ranks, error)
+            self._local_groups.depart(ranks, error, finished)
 
 
 def global_mismatch(call: Call, local: tuple[int, ...], error: CollectiveMismatchError) -> CollectiveMismatchError:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from collsvc.client.backends.base import last_finished
 from collsvc.client.backends.ring.frames import FrameHeader
 
 FrameKey = tuple[int, int, int, int]  # (key hash, sequence, step, source global rank)
@@ -84,16 +85,11 @@ class Mailbox:
                 self._cond.wait(remaining)
 
     def _doomed(self, stream: str, seq: int, members: tuple[int, ...]) -> BaseException | None:
-        for rank in members:
+        # In the order they left: the first departure is the cause, later ones may be its victims.
+        for rank, error in self._departed.items():
             finished = self._finished.get(rank)
-            if finished is None:
-                continue
-            # Sub-calls ("world/leaders/3") count under the stream their call was recorded in ("world").
-            name = stream
-            while name not in finished and "/" in name:
-                name = name.rsplit("/", 1)[0]
-            if finished.get(name, 0) < seq:
-                return self._departed[rank]
+            if rank in members and finished is not None and last_finished(finished, stream) < seq:
+                return error
         return None
 
     def _mismatched(self, key: FrameKey, digest: int) -> _Arrived | None:

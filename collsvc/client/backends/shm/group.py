@@ -25,7 +25,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -70,16 +70,23 @@ class LocalGroup:
     spin_seconds = 0.0
 
     def __init__(
-        self, namespace: str, local_rank: int, local_size: int, *, slot_bytes: int = 4 << 20, timeout: float
+        self,
+        namespace: str,
+        local_rank: int,
+        local_size: int,
+        *,
+        slot_bytes: int = 4 << 20,
+        timeout: float | None,
     ) -> None:
-        """Maps every local rank's segment; waits (up to ``timeout`` seconds) until all have joined.
+        """Binds this rank's wake-up socket; with ``timeout``, also connects (see :meth:`connect`).
 
         Args:
             namespace: unique per (job instance, group); every local rank passes the same.
             local_rank: this rank's index among the group's ranks on this host.
             local_size: how many of the group's ranks live on this host.
             slot_bytes: bytes per chunk; larger arrays are processed in rounds. Equal on every rank.
-            timeout: seconds to wait for the other local ranks.
+            timeout: seconds to wait for the other local ranks; None leaves :meth:`connect` to the
+                caller, who can then wake (:meth:`fail`, :meth:`wake`) a rank waiting for its peers.
 
         Raises:
             ValueError: bad rank, size or slot_bytes.
@@ -93,6 +100,7 @@ class LocalGroup:
         self._layout = Layout.for_group(slot_bytes, local_size)
         self._name = f"shm group {namespace[:16]} local rank {local_rank}/{local_size}"
         self._error: BaseException | None = None
+        self._watch: Callable[[], None] | None = None
         self._closed = False
         self._generation = 0
         self._segments: list[Segment] = []
@@ -103,17 +111,27 @@ class LocalGroup:
             return
         if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
             raise BackendUnavailableError("shared-memory collectives need Linux (memfd, abstract sockets)")
-        self._join(namespace, time.monotonic() + timeout)
+        try:
+            self._bell = Doorbell(namespace, self._rank, self._size)
+        except OSError as exc:
+            raise RendezvousError(f"{self._name}: namespace already in use here: {exc}") from exc
+        if timeout is not None:
+            self.connect(time.monotonic() + timeout)
 
-    def _join(self, namespace: str, deadline: float) -> None:
+    def connect(self, deadline: float) -> None:
+        """Exchanges segments with every other local rank; returns once all are mapped.
+
+        Raises:
+            RendezvousError: local ranks disagree on size or slot_bytes.
+            CollectiveTimeoutError: some local ranks did not join by ``deadline`` (``waiting_on`` names them).
+            BaseException: the error given to :meth:`fail`, or what the :meth:`watch` check raises.
+        """
+        bell = self._bell
+        if bell is None or self._segments:
+            return  # a group of one, or connected already
         own, fd = Segment.create(self._layout)
         segments: dict[int, Segment] = {self._rank: own}
         try:
-            try:
-                bell = Doorbell(namespace, self._rank, self._size)
-            except OSError as exc:
-                raise RendezvousError(f"{self._name}: namespace already in use here: {exc}") from exc
-            self._bell = bell
             hello = _HELLO.pack(self._size, self._layout.slot_bytes)
             if not bell.exchange(fd, hello, deadline, self._check_failed):
                 missing = [p for p in range(self._size) if p != self._rank and p not in bell.hellos]
@@ -136,9 +154,7 @@ class LocalGroup:
         except BaseException:
             for segment in segments.values():
                 segment.close()
-            if self._bell is not None:
-                self._bell.close()
-                self._bell = None
+            self.close()
             raise
         finally:
             os.close(fd)
@@ -294,6 +310,19 @@ class LocalGroup:
         """Makes the pending call (woken now) and every later call raise ``error``; any thread."""
         if self._error is None:
             self._error = error
+        self.wake()
+
+    def watch(self, check: Callable[[], None] | None) -> None:
+        """Runs ``check`` whenever a wait of this group wakes up without its data; what it raises fails
+        the pending call (and, since ranks are then out of step, every later one).
+
+        The owner sets it per call, for conditions that depend on the call (a member that left
+        before finishing it), and calls :meth:`wake` when the condition may have changed.
+        """
+        self._watch = check
+
+    def wake(self) -> None:
+        """Makes a blocked wait look at its data, its failure and its check again; any thread."""
         bell = self._bell
         if bell is not None and not self._closed:
             bell.wake()
@@ -373,6 +402,8 @@ class LocalGroup:
     def _check_failed(self) -> None:
         if self._error is not None:
             raise self._error
+        if self._watch is not None:
+            self._watch()
 
     def _parity(self) -> int:
         return (self._generation + 1) % 2

@@ -1,0 +1,123 @@
+"""The shared-memory groups of one process, and how failures and departures reach their waiters."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from collsvc.client.backends.base import Call, last_finished
+from collsvc.client.backends.shm.group import LocalGroup
+
+
+class LocalGroups:
+    """Shared-memory groups of this process, one per (group name, local members), created on first use.
+
+    ``fail`` wakes every group's waiters with the job's failure (wired to the job's failure state).
+    ``depart`` records members that left the job cleanly, with their final progress: a call fails
+    because of a departure only when the departed member never finished it. A member that finished
+    call ``k`` and left is not needed by call ``k`` (its data is already in shared memory, and local
+    rank 0 releases the ranks it still has to release), only by the calls after it.
+    """
+
+    def __init__(self, job_key: str, timeout: float) -> None:
+        """Args:
+        job_key: unique per job instance; every local rank passes the same.
+        timeout: seconds a new group waits for its other local ranks (bounded by the call's deadline).
+        """
+        self._job_key = job_key
+        self._timeout = timeout
+        self._groups: dict[tuple[str, tuple[int, ...]], LocalGroup] = {}
+        self._members: dict[tuple[str, tuple[int, ...]], frozenset[int]] = {}
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._departed: dict[int, BaseException] = {}
+        self._finished: dict[int, dict[str, int]] = {}  # departed rank -> stream -> last finished seq
+
+    def get(self, call: Call, local: tuple[int, ...], local_index: int) -> LocalGroup:
+        """The group of ``call``'s local members, connected, and watching for departures that doom ``call``.
+
+        Calls on one group are serialized by the caller (the Communicator's ordered executor).
+
+        Raises:
+            CollectiveTimeoutError: a new group's other local ranks did not join in time.
+            RendezvousError: local ranks disagree on the group's shape.
+            BaseException: the job's failure, or the departure of a member that never finished ``call``.
+        """
+        key = (call.key, local)
+        check = self._departure_check(call)
+        with self._lock:
+            group = self._groups.get(key)
+        if group is not None:
+            group.watch(check)
+            return group
+        namespace = hashlib.blake2b(f"{self._job_key}|{call.key}|{local}".encode(), digest_size=12).hexdigest()
+        group = LocalGroup(namespace, local_index, len(local), timeout=None)
+        group.watch(check)
+        # Registered before it connects, so that a failure or departure wakes a rank waiting for peers
+        # that will never come (a member that exited before its first collective).
+        with self._lock:
+            self._groups[key] = group
+            self._members[key] = frozenset(call.all_members)
+            error = self._error
+        if error is not None:
+            group.fail(error)
+        try:
+            group.connect(min(call.deadline, time.monotonic() + self._timeout))
+        except BaseException:
+            with self._lock:
+                self._groups.pop(key, None)
+                self._members.pop(key, None)
+            group.close()
+            raise
+        return group
+
+    def _departure_check(self, call: Call) -> Callable[[], None]:
+        stream, seq, members = call.progress_stream, call.seq, frozenset(call.all_members)
+
+        def check() -> None:
+            # In the order they left: the first departure is the cause, later ones may be its victims.
+            for rank, error in list(self._departed.items()):
+                if rank not in members:
+                    continue
+                finished = self._finished.get(rank)
+                if finished is None or last_finished(finished, stream) < seq:
+                    raise error
+
+        return check
+
+    def fail(self, error: BaseException) -> None:
+        """Fails every group's pending and later calls with ``error``; any thread."""
+        with self._lock:
+            self._error = self._error or error
+            groups = list(self._groups.values())
+        for group in groups:
+            group.fail(error)
+
+    def depart(
+        self, ranks: list[int], error: BaseException, finished: Mapping[int, Mapping[str, int]] | None = None
+    ) -> None:
+        """Records members that left the job cleanly, with their final progress (``finished``: rank ->
+        stream -> last finished sequence number; unknown progress counts as nothing finished).
+
+        Waiters in groups that contain one of them wake up: those in a call the departed member never
+        finished raise ``error``; the others go on.
+        """
+        with self._lock:
+            for rank in ranks:
+                self._departed.setdefault(rank, error)
+                if finished is not None and rank in finished:
+                    self._finished[rank] = dict(finished[rank])
+            gone = set(ranks)
+            groups = [group for key, group in self._groups.items() if self._members[key] & gone]
+        for group in groups:
+            group.wake()
+
+    def close(self) -> None:
+        """Closes every group (idempotent)."""
+        with self._lock:
+            groups, self._groups = list(self._groups.values()), {}
+            self._members.clear()
+        for group in groups:
+            group.close()
