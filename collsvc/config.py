@@ -21,14 +21,23 @@ default: the measured switch point in ``ring/algorithms.py``),
 ``COLLSVC_ROOTED_AGREEMENT`` (``0``: rooted calls over gRPC skip the signature agreement; a member
 that only sends then learns of a mismatch at its next call instead),
 ``COLLSVC_PEER_PORT`` (the port this rank's peer endpoint binds, default any free port),
+``COLLSVC_DUMP_DIR`` (where flight-recorder dumps go, default the temp folder) and ``COLLSVC_DUMP_KEEP``
+(how many dumps that folder keeps, newest first, default 32),
+``COLLSVC_LEAVE_ON_SIGTERM`` (``1``: SIGTERM leaves the job cleanly before the process dies of it; set by
+``collsvc run`` for its ranks),
 ``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE`` (``1`` lets object collectives unpickle in a job with neither
-token nor TLS; refused by default).
+token nor TLS; refused by default),
+``COLLSVC_TIMELINE`` (the merged timeline file; each rank writes its part next to it, see
+``collsvc/observability/timeline.py``).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import socket
+import sys
+import tempfile
 from collections.abc import Mapping
 
 from collsvc.types import InitOptions, TlsFiles
@@ -46,6 +55,7 @@ RANK_VARS = (
 LOCAL_RANK_VARS = ("COLLSVC_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 
 DEFAULT_PORT = 29400
+DEFAULT_DUMP_KEEP = 32  # a few failed jobs' worth of per-rank dumps on one host
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -111,6 +121,51 @@ def tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
     return TlsFiles(cert=values[0], key=values[1], ca=values[2])
 
 
+def _script_name() -> str:
+    """How the user started this process, for a command line they can copy (``script.py`` or ``-m pkg``)."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if argv0 in ("", "-c", "-"):
+        return "script.py"
+    if argv0.endswith("__main__.py") and os.path.basename(os.path.dirname(argv0)):
+        return f"-m {os.path.basename(os.path.dirname(argv0))}"
+    return shlex.quote(os.path.relpath(argv0) if os.path.isabs(argv0) and _is_below_cwd(argv0) else argv0)
+
+
+def _is_below_cwd(path: str) -> bool:
+    try:
+        return os.path.commonpath([os.getcwd(), path]) == os.getcwd()
+    except ValueError:  # different drives
+        return False
+
+
+def flight_recorder_dir(env: Mapping[str, str] | None = None) -> str:
+    """Where flight-recorder dumps go: ``COLLSVC_DUMP_DIR``, else the system temp folder."""
+    env = os.environ if env is None else env
+    return env.get("COLLSVC_DUMP_DIR") or tempfile.gettempdir()
+
+
+def flight_recorder_keep(env: Mapping[str, str] | None = None) -> int:
+    """How many flight-recorder dumps a dump folder keeps (newest first): ``COLLSVC_DUMP_KEEP``, default 32.
+
+    Raises:
+        ValueError: the variable is not a positive integer.
+    """
+    env = os.environ if env is None else env
+    keep = _int_from(env, ("COLLSVC_DUMP_KEEP",))
+    if keep is None:
+        return DEFAULT_DUMP_KEEP
+    if keep < 1:
+        raise ValueError(f"environment variable COLLSVC_DUMP_KEEP={keep} must be at least 1")
+    return keep
+
+
+def leave_on_sigterm(env: Mapping[str, str] | None = None) -> bool:
+    """Whether SIGTERM should leave the job before the process dies (``COLLSVC_LEAVE_ON_SIGTERM=1``;
+    ``collsvc run`` sets it for its ranks, which it stops with SIGTERM)."""
+    env = os.environ if env is None else env
+    return env.get("COLLSVC_LEAVE_ON_SIGTERM", "0") == "1"
+
+
 def resolve_init(
     coordinator: str | None,
     world_size: int | None,
@@ -132,7 +187,8 @@ def resolve_init(
     if not coordinator:
         raise ValueError(
             "no coordinator given: pass coordinator='host:port' or set COLLSVC_COORDINATOR "
-            "(or MASTER_ADDR and MASTER_PORT)"
+            f"(or MASTER_ADDR and MASTER_PORT). To run this script on N local ranks, start it with "
+            f"`collsvc run -n N {_script_name()}`"
         )
     if world_size is None:
         world_size = _int_from(env, WORLD_SIZE_VARS)
@@ -149,6 +205,9 @@ def resolve_init(
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
     heartbeat = float(env.get("COLLSVC_HEARTBEAT_INTERVAL", "1.0"))
+    join_timeout = float(env["COLLSVC_JOIN_TIMEOUT"]) if env.get("COLLSVC_JOIN_TIMEOUT") else None
+    if join_timeout is not None and not join_timeout > 0:
+        raise ValueError(f"COLLSVC_JOIN_TIMEOUT must be > 0 seconds, got {join_timeout}")
     return InitOptions(
         coordinator=coordinator,
         world_size=world_size,
@@ -169,4 +228,11 @@ def resolve_init(
         small_bytes=_int_from(env, ("COLLSVC_RING_SMALL_BYTES",)),
         rooted_agreement=env.get("COLLSVC_ROOTED_AGREEMENT", "1") != "0",
         hierarchical=_choice(env, "COLLSVC_HIERARCHICAL", ("auto", "always", "never")),
+        join_timeout=join_timeout,
     )
+
+
+def timeline_target(env: Mapping[str, str] | None = None) -> str | None:
+    """The merged timeline file ``COLLSVC_TIMELINE`` names, or None when no timeline is wanted."""
+    env = os.environ if env is None else env
+    return env.get("COLLSVC_TIMELINE") or None

@@ -110,14 +110,37 @@ class TlsFiles:
 
 @dataclass(frozen=True)
 class Limits:
-    """Sizes checked before anything is allocated (coordinator and peers)."""
+    """Sizes checked before anything is allocated (coordinator and peers); docs/security.md has the table.
+
+    Attributes:
+        max_world_size: members of one job (also bounds every list of ranks in a request).
+        max_key_bytes: a key/value key.
+        max_value_bytes: a key/value value.
+        max_keys_per_job: keys (and named groups) of one job.
+        max_message_bytes: the largest message a peer endpoint receives (tensor frames).
+        max_jobs: jobs one coordinator holds at once.
+        max_name_bytes: every other text field of a request: job ids, group names, hosts, peer
+            addresses, device ids, member secrets.
+        max_text_bytes: a failure report's reason and its JSON details.
+        max_op_bytes: the last operation named in a progress entry.
+        max_progress_groups: progress entries a member's heartbeat may describe (more are ignored).
+        max_joining_jobs_per_client: jobs still gathering members in which one client address has a
+            Join waiting; over it, the Join is refused instead of taking a job slot.
+        max_pending_joins_per_client: Join calls one client address may have waiting at once.
+    """
 
     max_world_size: int = 65536
     max_key_bytes: int = 8 * 1024
-    max_value_bytes: int = 8 * 1024 * 1024
+    max_value_bytes: int = 1024 * 1024
     max_keys_per_job: int = 100_000
     max_message_bytes: int = 64 * 1024 * 1024 + 4096
     max_jobs: int = 4096
+    max_name_bytes: int = 512
+    max_text_bytes: int = 256 * 1024
+    max_op_bytes: int = 1024
+    max_progress_groups: int = 1024
+    max_joining_jobs_per_client: int = 64
+    max_pending_joins_per_client: int = 65536
 
 
 @dataclass(frozen=True)
@@ -135,6 +158,7 @@ class CoordinatorOptions:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 5.0
     limits: Limits = field(default_factory=Limits)
+    metrics_port: int | None = None  # Prometheus /metrics on host:metrics_port (0: any free port); None: off
 
 
 @dataclass(frozen=True)
@@ -160,3 +184,4 @@ class InitOptions:
     hierarchical: str = "auto"
     small_bytes: int | None = None
     rooted_agreement: bool = True
+    join_timeout: float | None = None  # seconds to wait for every member at join (None: ``timeout``)

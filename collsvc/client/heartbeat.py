@@ -9,11 +9,11 @@ and keeps a flight recorder of recent collectives, written to the log and a file
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
 import queue
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from collsvc.client.rendezvous import CoordinatorClient
+from collsvc.config import flight_recorder_dir, flight_recorder_keep
 from collsvc.errors import (
     AbortedError,
     CollectiveMismatchError,
@@ -31,10 +32,17 @@ from collsvc.errors import (
     RendezvousError,
     error_from_rpc,
 )
-from collsvc.proto.v1 import common_pb2, coordinator_pb2
+from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger(__name__)
 Events = coordinator_pb2.EventKind
+# Stream errors that may mean a coordinator restarting (or a path breaking): retried within the grace.
+_RETRIABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
 
 
 class FailureState:
@@ -119,18 +127,70 @@ class ProgressTracker:
             return [asdict(r) for r in self._recent]
 
     def dump(self, job_id: str, rank: int, error: BaseException) -> str:
-        """Writes the flight recorder to the log and to a JSON file; returns the file's path."""
+        """Writes the flight recorder to the log and to a JSON file; returns the file's path.
+
+        The directory keeps only the newest ``COLLSVC_DUMP_KEEP`` dumps (see :func:`prune_dumps`), so
+        failed jobs do not pile files up in the temp folder. Never raises: a dump that cannot be
+        written is logged and the failure it describes goes on unchanged.
+        """
         records = self.recent()
-        directory = os.environ.get("COLLSVC_DUMP_DIR") or tempfile.gettempdir()
-        path = os.path.join(directory, f"collsvc-{job_id}-rank{rank}-{os.getpid()}.json")
+        directory = flight_recorder_dir()
+        path = os.path.join(directory, f"{DUMP_PREFIX}{job_id}-rank{rank}-{os.getpid()}.json")
         try:
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump({"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1)
         except OSError as exc:
             log.warning("job %s rank %d: could not write flight recorder to %s: %s", job_id, rank, path, exc)
+        else:
+            try:
+                prune_dumps(directory, flight_recorder_keep(), keep_path=path)
+            except ValueError as exc:  # a bad COLLSVC_DUMP_KEEP must not hide the failure being reported
+                log.warning("job %s rank %d: old flight-recorder dumps not pruned: %s", job_id, rank, exc)
         for record in records[-8:]:
-            log.error("job %s rank %d recent: %s", job_id, rank, record)
+            log.debug("job %s rank %d recent: %s", job_id, rank, record)
         return path
+
+
+DUMP_PREFIX = "collsvc-"
+
+
+def prune_dumps(directory: str, keep: int, *, keep_path: str | None = None) -> list[str]:
+    """Deletes all but the newest ``keep`` flight-recorder dumps (``collsvc-*-rank*-*.json``) in ``directory``.
+
+    ``keep_path`` (the dump just written) is never deleted. Files another rank deletes at the same
+    time are skipped. Returns the deleted paths; never raises.
+    """
+    try:
+        names = [n for n in os.listdir(directory) if _is_dump_name(n)]
+    except OSError:
+        return []
+    dated: list[tuple[float, str]] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            dated.append((os.stat(path).st_mtime, path))
+        except OSError:
+            continue  # removed meanwhile by another rank's pruning
+    dated.sort(reverse=True)  # newest first; equal times fall back to the name
+    deleted = []
+    for _, path in dated[max(keep, 1) :]:
+        if path == keep_path:
+            continue
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        deleted.append(path)
+    return deleted
+
+
+def _is_dump_name(name: str) -> bool:
+    if not (name.startswith(DUMP_PREFIX) and name.endswith(".json")):
+        return False
+    # collsvc-<job>-rank<r>-<pid>.json: the job id may hold dashes, the last two parts may not.
+    head, _, pid = name[: -len(".json")].rpartition("-")
+    rank = head.rpartition("-")[2]
+    return pid.isdigit() and rank.startswith("rank") and rank[4:].isdigit()
 
 
 def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
@@ -162,7 +222,16 @@ class Watcher:
     """Runs the Watch stream in a daemon thread: heartbeats out, job events in.
 
     A broken stream is retried until ``coordinator_grace`` seconds pass; then (or when a restarted
-    coordinator no longer knows the job) the failure state gets a :class:`RendezvousError`.
+    coordinator cannot take this member back) the failure state gets a :class:`RendezvousError`.
+    After a break the member re-registers before it watches again, so that a coordinator that
+    restarted rebuilds the job from its members; meanwhile :class:`CoordinatorLink` holds back the
+    member's other coordinator calls. Events are numbered: the stream asks for those after the last
+    one received, so a reconnect neither misses nor repeats one.
+
+    The stream runs on a connection of its own that is pinged at the heartbeat pace
+    (:meth:`CoordinatorClient.heartbeat_channel`): on a path that died silently (no FIN, no RST) the
+    stream would otherwise never break and the grace period never start. Reconnecting waits for the
+    coordinator at most until the grace period ends, however long a connection attempt may hang.
     """
 
     def __init__(
@@ -175,8 +244,10 @@ class Watcher:
         failure: FailureState,
         departed: Callable[[list[int], RankFailedError, dict[int, dict[str, int]]], None],
         coordinator_grace: float = 20.0,
+        stats: Callable[[], list[common_pb2.CollectiveStats]] = list,
     ) -> None:
         self._client = client
+        self._stats = stats  # per-(op, group) running totals for the coordinator's metrics
         self._rank = rank
         self._interval = interval
         self._progress = progress
@@ -187,6 +258,9 @@ class Watcher:
         self._watching = threading.Event()
         self._outbox: queue.Queue[coordinator_pb2.WatchRequest | None] = queue.Queue()
         self._call: Any = None
+        self._reconnecting: grpc.Future[None] | None = None
+        self._last_event_seq = 0
+        self._left: set[int] = set()  # ranks this member was told left the job
         self._thread = threading.Thread(target=self._run, name=f"collsvc-watch-{rank}", daemon=True)
 
     def start(self, timeout: float) -> None:
@@ -204,13 +278,16 @@ class Watcher:
 
     def _requests(self) -> Iterator[coordinator_pb2.WatchRequest]:
         yield coordinator_pb2.WatchRequest(
-            job_id=self._client.job_id, rank=self._rank, member_secret=self._client.member_secret
+            job_id=self._client.job_id,
+            rank=self._rank,
+            member_secret=self._client.member_secret,
+            last_event_seq=self._last_event_seq,
         )
         while not self._stopping.is_set():
             try:
                 item = self._outbox.get(timeout=self._interval)  # the heartbeat period
             except queue.Empty:
-                item = coordinator_pb2.WatchRequest(progress=self._progress.snapshot())
+                item = coordinator_pb2.WatchRequest(progress=self._progress.snapshot(), stats=self._stats())
             if item is None:
                 return
             yield item
@@ -220,23 +297,28 @@ class Watcher:
         self._outbox.put(coordinator_pb2.WatchRequest(progress=self._progress.snapshot()))
 
     def _run(self) -> None:
-        deadline: float | None = None
+        channel = self._client.heartbeat_channel(self._interval)
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        link = self._client.link
+        link.watched = True
+        deadline: float | None = None  # the end of the grace period while the coordinator is lost
+        broke_with = ""  # why the stream broke when the grace period started
         while not self._stopping.is_set():
             try:
-                self._call = self._client.stub.Watch(self._requests(), metadata=self._client.metadata)
+                if deadline is not None:
+                    self._await_coordinator(channel, deadline)
+                    self._reregister(stub, deadline)
+                self._call = stub.Watch(self._requests(), metadata=self._client.metadata)
                 for event in self._call:
-                    deadline = None
                     if event.kind == Events.EVENT_KIND_WATCHING:
+                        deadline = None
                         self._watching.set()
+                        link.restored()
                         continue
-                    error = event_error(event)
-                    if event.kind == Events.EVENT_KIND_MEMBER_LEFT and isinstance(error, RankFailedError):
-                        # A clean leave fails only what still needs the departed rank.
-                        log.info("job %s rank %d: %s", self._client.job_id, self._rank, error)
-                        self._departed(list(event.ranks), error, left_progress(event))
-                    elif error is not None:
-                        log.error("job %s rank %d: %s", self._client.job_id, self._rank, error)
-                        self._failure.set(error)
+                    if event.seq and event.seq <= self._last_event_seq:
+                        continue  # already handled on an earlier stream
+                    self._last_event_seq = max(self._last_event_seq, event.seq)
+                    self._handle(event)
                 if self._stopping.is_set():
                     return
                 raise RendezvousError("the coordinator closed the heartbeat stream")
@@ -244,31 +326,89 @@ class Watcher:
                 if self._stopping.is_set():
                     return
                 code = exc.code() if isinstance(exc, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
+                cause = str(error_from_rpc(exc, "heartbeat stream") if isinstance(exc, grpc.RpcError) else exc)
                 now = time.monotonic()
-                deadline = deadline or now + self._grace
-                retriable = code in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.CANCELLED,
-                    grpc.StatusCode.UNKNOWN,
-                )
+                if deadline is None:
+                    deadline, broke_with = now + self._grace, cause
+                    link.lost()
+                    log.warning(
+                        "job %s rank %d: lost the coordinator (%s); retrying for %gs",
+                        self._client.job_id, self._rank, cause, self._grace,
+                    )  # fmt: skip
+                retriable = code in _RETRIABLE
                 if not retriable or now >= deadline:
-                    cause: BaseException = (
-                        error_from_rpc(exc, "heartbeat stream") if isinstance(exc, grpc.RpcError) else exc
+                    if retriable and cause != broke_with:  # the grace period ran out: say what started it
+                        cause = f"{broke_with}; {cause}"
+                    error = RendezvousError(
+                        f"rank {self._rank} lost the coordinator at {self._client.address} "
+                        f"(job '{self._client.job_id}'): {cause}"
                     )
-                    self._failure.set(
-                        RendezvousError(
-                            f"rank {self._rank} lost the coordinator at {self._client.address} "
-                            f"(job '{self._client.job_id}'): {cause}"
-                        )
-                    )
+                    self._failure.set(error)
+                    link.give_up(error)
                     self._watching.set()
                     return
                 self._stopping.wait(0.2)  # reconnect backoff while the coordinator may be restarting
 
+    def _handle(self, event: coordinator_pb2.WatchEvent) -> None:
+        error = event_error(event)
+        if event.kind == Events.EVENT_KIND_MEMBER_LEFT and isinstance(error, RankFailedError):
+            # A clean leave fails only what still needs the departed rank.
+            self._left.update(event.ranks)
+            log.info("job %s rank %d: %s", self._client.job_id, self._rank, error)
+            self._departed(list(event.ranks), error, left_progress(event))
+        elif error is not None:
+            log.error("job %s rank %d: %s", self._client.job_id, self._rank, error)
+            self._failure.set(error)
+
+    def _reregister(self, stub: coordinator_pb2_grpc.CoordinatorStub, deadline: float) -> None:
+        """Re-registers with a coordinator that may have restarted (see :meth:`MemberJournal.reregister`)."""
+        client = self._client
+        waiting = client.journal.reregister(
+            stub,
+            client.member_secret,
+            left_ranks=self._left,
+            last_event_seq=self._last_event_seq,
+            timeout=max(min(deadline - time.monotonic(), 10.0), 0.1),
+            metadata=client.metadata,
+        )
+        log.warning(
+            "job %s rank %d: re-registered with the coordinator at %s%s",
+            client.job_id, self._rank, client.address, " (waiting for the other members)" if waiting else "",
+        )  # fmt: skip
+
+    def _await_coordinator(self, channel: grpc.Channel, deadline: float) -> None:
+        """Waits until the coordinator accepts a connection again, at most until ``deadline``.
+
+        A connection attempt to a host that silently drops packets hangs for gRPC's connect timeout
+        (20 s), longer than a short grace period; a stream opened meanwhile would wait for it.
+
+        Raises:
+            RendezvousError: ``deadline`` passed, or the watcher is stopping.
+        """
+        ready = self._reconnecting = grpc.channel_ready_future(channel)
+        if self._stopping.is_set():
+            ready.cancel()
+        try:
+            ready.result(timeout=max(deadline - time.monotonic(), 0.0))
+        except grpc.FutureTimeoutError:
+            raise RendezvousError(f"not reconnected within the {self._grace:g}s grace period") from None
+        except grpc.FutureCancelledError:
+            raise RendezvousError("stopped while reconnecting to the coordinator") from None
+        finally:
+            # grpc's ready future can raise from cancel() once its channel is closed (stop() races us).
+            with contextlib.suppress(Exception):
+                ready.cancel()
+            self._reconnecting = None
+
     def stop(self) -> None:
         self._stopping.set()
+        self._client.link.watched = False
         self._outbox.put(None)
         if self._call is not None:
             self._call.cancel()
+        reconnecting = self._reconnecting
+        if reconnecting is not None:
+            with contextlib.suppress(Exception):  # see _await_coordinator
+                reconnecting.cancel()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=2.0)

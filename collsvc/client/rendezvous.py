@@ -7,31 +7,26 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
 
 import grpc
 
-from collsvc.client.backends.ring.grpc_transport import channel_credentials
+from collsvc.client.coordinator_channel import heartbeat_keepalive, make_channel
+from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.errors import AuthenticationError, CollectiveTimeoutError, error_from_rpc
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from collsvc.types import TlsFiles
 
 log = logging.getLogger(__name__)
 
-# Ranks often dial before the coordinator listens; gRPC's default 1 s reconnect backoff would dominate
-# start-up, so retry quickly (measured: 1.3 s -> 0.4 s to the first barrier).
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.initial_reconnect_backoff_ms", 20),
-    ("grpc.min_reconnect_backoff_ms", 20),
-    ("grpc.max_reconnect_backoff_ms", 500),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 16 * 1024 * 1024),
-]
-
 # Extra seconds the client waits beyond a server-side wait, so the server's answer wins the race.
 SERVER_WAIT_MARGIN = 5.0
+
+# How often a member waiting in rendezvous logs which ranks have not joined yet.
+JOIN_REPORT_INTERVAL = 10.0
 
 # The standard health service answers without a token; an empty body asks about the whole server.
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -40,11 +35,45 @@ HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 _TLS_REFUSAL_WORDS = ("handshake", "socket closed")
 
 
-def make_channel(address: str, tls: TlsFiles | None) -> grpc.Channel:
-    """A channel to the coordinator (mutual TLS when ``tls`` is given)."""
-    if tls is not None:
-        return grpc.secure_channel(address, channel_credentials(tls), options=CHANNEL_OPTIONS)
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def not_joined(world_size: int, ranks: Iterable[int]) -> list[int] | None:
+    """The ranks of a joining job that no member holds, or None when some member has no rank yet.
+
+    Args:
+        world_size: the job's world size.
+        ranks: the ranks the waiting members asked for; -1 for a member the coordinator will assign.
+    """
+    taken = set(ranks)
+    if world_size <= 0 or any(rank < 0 for rank in taken):
+        return None
+    return [rank for rank in range(world_size) if rank not in taken]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
+    spans: list[str] = []
+    start = previous = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        spans.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ", ".join(spans)
+
+
+def describe_not_joined(world_size: int, ranks: list[int]) -> str:
+    """``"not joined: rank 1 (1 of 2 joined)"`` for the members ``ranks`` of a joining job.
+
+    When some members let the coordinator assign ranks, only the number still missing is known.
+    """
+    missing = not_joined(world_size, ranks)
+    if missing is None:
+        return f"not joined: {world_size - len(ranks)} of {world_size} members (ranks are assigned once all joined)"
+    if not missing:
+        return f"all {world_size} members joined"
+    plural = "s" if len(missing) != 1 else ""
+    return f"not joined: rank{plural} {_ranks_text(missing)} ({len(ranks)} of {world_size} joined)"
 
 
 def waiting_from_proto(entries: Any) -> list[dict[str, Any]]:
@@ -58,24 +87,53 @@ class CoordinatorClient:
     :class:`~collsvc.errors.RendezvousError` when the coordinator cannot be reached in time.
     """
 
-    def __init__(self, address: str, job_id: str, *, token: str | None, tls: TlsFiles | None, timeout: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        job_id: str,
+        *,
+        token: str | None,
+        tls: TlsFiles | None,
+        timeout: float,
+        join_timeout: float | None = None,
+    ) -> None:
         self.address = address
         self.job_id = job_id
-        self.timeout = timeout
+        self.timeout = timeout  # any one control call or collective step
+        self.join_timeout = timeout if join_timeout is None else join_timeout  # waiting for every member
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self.tls = tls
         self.channel = make_channel(address, tls)
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        self._heartbeat_channel: grpc.Channel | None = None
         self.rank: int | None = None
         self.member_secret = ""
+        self.link = CoordinatorLink()
+        self.journal = MemberJournal(job_id)  # what a restarted coordinator needs to hear again
 
     def _call(self, method: str, request: Any, what: str, *, timeout: float | None = None, wait: bool = False) -> Any:
+        """One coordinator call, sent again while the coordinator restarts (see :meth:`CoordinatorLink.call`)."""
+        limit = timeout or self.timeout
+        where = f"{what} (coordinator {self.address}, job '{self.job_id}')"
+
+        def send(remaining: float) -> Any:
+            return getattr(self.stub, method)(request, timeout=remaining, metadata=self.metadata, wait_for_ready=wait)
+
         try:
-            return getattr(self.stub, method)(
-                request, timeout=timeout or self.timeout, metadata=self.metadata, wait_for_ready=wait
-            )
+            return self.link.call(send, time.monotonic() + limit, where, self._connected)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, f"{what} (coordinator {self.address}, job '{self.job_id}')") from exc
+            raise error_from_rpc(exc, where) from exc
+
+    def _connected(self, seconds: float) -> bool:
+        """Waits up to ``seconds`` for the control channel to connect; returns whether it did."""
+        ready = grpc.channel_ready_future(self.channel)
+        try:
+            ready.result(timeout=max(seconds, 0.0))
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            ready.cancel()
+        return True
 
     def join(
         self,
@@ -96,17 +154,60 @@ class CoordinatorClient:
             peer_address=peer_address,
             device=device,
             pid=pid,
-            timeout_s=self.timeout,
+            timeout_s=self.join_timeout,
+            idempotency_key=secrets.token_hex(16),
         )
         if rank is not None:
             request.requested_rank = rank
         if local_rank_hint is not None:
             request.local_rank_hint = local_rank_hint
         self._check_handshake()
-        reply = self._call("Join", request, "join", timeout=self.timeout + SERVER_WAIT_MARGIN, wait=True)
+        started = time.monotonic()
+        deadline = started + self.join_timeout + SERVER_WAIT_MARGIN
+        while True:
+            try:
+                reply = self._join_once(request, world_size, started, deadline)
+                break
+            except grpc.RpcError as exc:
+                # The connection broke (the coordinator restarted, say): send the same Join again; its
+                # idempotency key makes a coordinator that still has it find the same member.
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                    raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
+                log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
         self.rank = reply.rank
         self.member_secret = reply.member_secret
-        return reply  # type: ignore[no-any-return]
+        self.journal.joined = reply
+        return reply
+
+    def _join_once(
+        self, request: coordinator_pb2.JoinRequest, world_size: int, started: float, deadline: float
+    ) -> coordinator_pb2.JoinResponse:
+        future = self.stub.Join.future(
+            request, timeout=max(deadline - time.monotonic(), 0.01), metadata=self.metadata, wait_for_ready=True
+        )
+        try:
+            while True:
+                try:
+                    return future.result(timeout=JOIN_REPORT_INTERVAL)  # type: ignore[no-any-return]
+                except grpc.FutureTimeoutError:
+                    self._log_join_wait(world_size, time.monotonic() - started)
+        except BaseException:
+            future.cancel()
+            raise
+
+    def _log_join_wait(self, world_size: int, waited: float) -> None:
+        """Logs, while Join waits, which ranks have not joined (from the coordinator's status)."""
+        request = coordinator_pb2.GetStatusRequest(job_id=self.job_id)
+        try:
+            reply = self.stub.GetStatus(request, timeout=min(self.timeout, 5.0), metadata=self.metadata)
+        except grpc.RpcError as exc:
+            what = f"coordinator {self.address} not reachable yet ({exc.code().name})"
+            log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
+            return
+        for job in reply.jobs:
+            if job.job_id == self.job_id and job.state == "joining":
+                what = describe_not_joined(world_size, [m.rank for m in job.members])
+                log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
 
     def _check_handshake(self, attempts: int = 3) -> None:
         """Fails fast when the coordinator is up but refuses this client's TLS (or its lack of TLS).
@@ -143,6 +244,9 @@ class CoordinatorClient:
 
     def members(self) -> list[common_pb2.Member]:
         reply = self._call("GetMembers", coordinator_pb2.GetMembersRequest(job_id=self.job_id), "get members")
+        for member in reply.members:
+            if member.rank == self.rank:
+                self.journal.own_record = member
         return list(reply.members)
 
     def barrier(self, group: str, rank: int, generation: int, timeout: float) -> None:
@@ -165,7 +269,9 @@ class CoordinatorClient:
             f"barrier #{generation} of group '{group}'",
             timeout=timeout + SERVER_WAIT_MARGIN,
         )
-        if not reply.complete:
+        if reply.complete:
+            self.journal.barrier_done(group, generation)
+        else:
             waiting = waiting_from_proto(reply.waiting_on)
             ranks = [w["rank"] for w in waiting]
             raise CollectiveTimeoutError(
@@ -186,6 +292,7 @@ class CoordinatorClient:
             coordinator_pb2.SetKeyRequest(job_id=self.job_id, key=key, value=value),
             f"set key {key!r}",
         )
+        self.journal.wrote(key, bytes(value))
 
     def get(self, key: str, timeout: float) -> bytes:
         """Waits up to ``timeout`` for ``key``.
@@ -205,6 +312,7 @@ class CoordinatorClient:
             coordinator_pb2.AddKeyRequest(job_id=self.job_id, key=key, amount=amount),
             f"add {key!r}",
         )
+        self.journal.wrote(key, str(reply.value).encode("ascii"))
         return int(reply.value)
 
     def new_group(self, name: str, ranks: list[int]) -> None:
@@ -213,6 +321,7 @@ class CoordinatorClient:
             coordinator_pb2.NewGroupRequest(job_id=self.job_id, name=name, ranks=ranks),
             f"new group {name!r}",
         )
+        self.journal.registered_group(name, ranks)
 
     def find_group(self, name: str) -> list[int]:
         reply = self._call(
@@ -254,5 +363,15 @@ class CoordinatorClient:
         except Exception as exc:  # noqa: BLE001 - leaving is best effort; the coordinator also sees the stream end
             log.info("job %s rank %s: leave was not acknowledged: %s", self.job_id, self.rank, exc)
 
+    def heartbeat_channel(self, interval: float) -> grpc.Channel:
+        """The channel of the heartbeat stream: its own connection, pinged at the heartbeat pace (see
+        :func:`heartbeat_keepalive`), so that a silently dead path breaks the stream within a few
+        intervals. Created on first use."""
+        if self._heartbeat_channel is None:
+            self._heartbeat_channel = make_channel(self.address, self.tls, heartbeat_keepalive(interval))
+        return self._heartbeat_channel
+
     def close(self) -> None:
         self.channel.close()
+        if self._heartbeat_channel is not None:
+            self._heartbeat_channel.close()

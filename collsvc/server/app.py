@@ -17,14 +17,19 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from collsvc.server.interceptors import TokenAuthInterceptor
-from collsvc.server.services.coordinator import CoordinatorServicer, add_coordinator
+from collsvc.server.request_limits import RequestLimits
+from collsvc.server.services.coordinator import SERVICE, CoordinatorServicer, add_coordinator
 from collsvc.server.services.hub import Hub
 from collsvc.types import CoordinatorOptions
+
+if TYPE_CHECKING:  # prometheus-client is imported only when metrics are served
+    from collsvc.server.metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +88,14 @@ def _server_credentials(options: CoordinatorOptions) -> grpc.ServerCredentials |
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 
-async def build_server(options: CoordinatorOptions) -> tuple[grpc.aio.Server, int]:
+async def build_server(
+    options: CoordinatorOptions, *, metrics_ready: Callable[[int], None] | None = None
+) -> tuple[grpc.aio.Server, int]:
     """Builds a coordinator server and binds it (not started yet).
 
     Args:
         options: where and how to serve; port 0 picks a free port.
+        metrics_ready: called with the bound port of ``/metrics`` when ``options.metrics_port`` is set.
 
     Returns:
         ``(server, port)``: the server, and the port it is bound to.
@@ -98,20 +106,38 @@ async def build_server(options: CoordinatorOptions) -> tuple[grpc.aio.Server, in
     """
     check_security(options)
     hub = Hub(options)
-    limits = options.limits
-    max_message = max(limits.max_message_bytes, limits.max_value_bytes + limits.max_key_bytes + 65536)
+    # The largest request the protocol needs under these limits (a compare-and-set of two values at
+    # the value limit); gRPC refuses anything bigger before it is handed to us. Replies may be larger
+    # (the status of every job), and only trusted code makes them.
+    max_request = RequestLimits(options.limits).max_receive_bytes(SERVICE)
+    max_reply = max(options.limits.max_message_bytes, max_request)
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor(options.token)] if options.token else None,
         options=[
             ("grpc.so_reuseport", 0),  # a second coordinator on a used port must fail, not share it
-            ("grpc.max_receive_message_length", max_message),
-            ("grpc.max_send_message_length", max_message),
+            ("grpc.max_receive_message_length", max_request),
+            # A fixed 1 MiB receive window per call instead of one that grows with the measured
+            # bandwidth: gRPC refuses an oversized message only after taking in what the window
+            # admits (8 concurrent 64 MiB Joins cost ~70 MB with a growing window, ~3 MB with this),
+            # and a 1 MiB value still arrives as fast (docs/security.md).
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", 1 << 20),
+            ("grpc.max_send_message_length", max_reply),
             ("grpc.max_concurrent_streams", 1 << 20),
             # Thousands of ranks join at once. gRPC core cancels (status CANCELLED) calls that arrive
             # while 1000 (soft) / 3000 (hard) are queued before the application took them, which a
             # rendezvous burst of ~1800 calls already hits (benchmarks/rendezvous_scale.py).
             ("grpc.server.max_pending_requests", 1 << 16),
             ("grpc.server.max_pending_requests_hard_limit", 1 << 17),
+            # Silent partitions: members ping (HTTP/2 keepalive) to find a dead path within a few heartbeat
+            # intervals. gRPC's default policy answers pings more often than every 5 minutes without data
+            # with GOAWAY "too_many_pings"; accept them. The coordinator pings its members too, to close
+            # half-open connections of members gone without a trace; a ping may go unanswered for two
+            # heartbeat timeouts, so the heartbeat check names a frozen member first, as it always did.
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 100),
+            ("grpc.http2.max_ping_strikes", 0),
+            ("grpc.keepalive_time_ms", int(options.heartbeat_timeout * 1000)),
+            ("grpc.keepalive_timeout_ms", int(2 * options.heartbeat_timeout * 1000)),
         ],
     )
     add_coordinator(server, CoordinatorServicer(hub))
@@ -131,7 +157,8 @@ async def build_server(options: CoordinatorOptions) -> tuple[grpc.aio.Server, in
         raise _bind_error(options.host, options.port) from exc
     if port == 0:
         raise _bind_error(options.host, options.port)
-    asyncio.get_running_loop().create_task(_monitor(server, hub), name="collsvc-heartbeat-monitor")
+    metrics = _start_metrics(hub, options, metrics_ready)
+    asyncio.get_running_loop().create_task(_monitor(server, hub, metrics), name="collsvc-heartbeat-monitor")
     log.info(
         "coordinator bound to %s (token %s, tls %s)",
         _address(options.host, port),
@@ -141,15 +168,35 @@ async def build_server(options: CoordinatorOptions) -> tuple[grpc.aio.Server, in
     return server, port
 
 
-async def _monitor(server: grpc.aio.Server, hub: Hub) -> None:
-    """Checks heartbeats every half interval for exactly as long as the server runs."""
+def _start_metrics(
+    hub: Hub, options: CoordinatorOptions, ready: Callable[[int], None] | None
+) -> MetricsEndpoint | None:
+    """Serves Prometheus ``/metrics`` when ``options.metrics_port`` is set (OSError when it cannot bind)."""
+    if options.metrics_port is None:
+        return None
+    from collsvc.server.metrics import MetricsEndpoint
+
+    metrics = MetricsEndpoint(hub, options.host, options.metrics_port)
+    port = metrics.start()
+    log.info("coordinator metrics on http://%s/metrics", _address(options.host, port))
+    if ready is not None:
+        ready(port)
+    return metrics
+
+
+async def _monitor(server: grpc.aio.Server, hub: Hub, metrics: MetricsEndpoint | None = None) -> None:
+    """Checks heartbeats every half interval for exactly as long as the server runs (and serves metrics as long)."""
     period = max(hub.options.heartbeat_interval / 2, 0.01)
-    # wait_for_termination returns True when the *timeout* passed and False once the server stopped.
-    while await server.wait_for_termination(timeout=period):
-        try:
-            hub.check_heartbeats()
-        except Exception:  # a bug here must not stop liveness checks for every job
-            log.exception("heartbeat monitor failed")
+    try:
+        # wait_for_termination returns True when the *timeout* passed and False once the server stopped.
+        while await server.wait_for_termination(timeout=period):
+            try:
+                hub.check_heartbeats()
+            except Exception:  # a bug here must not stop liveness checks for every job
+                log.exception("heartbeat monitor failed")
+    finally:
+        if metrics is not None:
+            metrics.stop()
 
 
 async def serve(
@@ -157,6 +204,7 @@ async def serve(
     *,
     ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    metrics_ready: Callable[[int], None] | None = None,
 ) -> None:
     """Runs a coordinator until ``stop`` is set or SIGTERM/SIGINT arrives, then drains.
 
@@ -164,11 +212,12 @@ async def serve(
         options: where and how to serve.
         ready: called with the bound port once the server listens.
         stop: set it to shut down (signals are only handled when running in the main thread).
+        metrics_ready: called with the port of ``/metrics`` (when ``options.metrics_port`` is set).
 
     Raises:
         ValueError, OSError: as :func:`build_server`.
     """
-    server, port = await build_server(options)
+    server, port = await build_server(options, metrics_ready=metrics_ready)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
@@ -206,6 +255,7 @@ class CoordinatorThread:
     def __init__(self, options: CoordinatorOptions) -> None:
         self.options = options
         self.port: int | None = None
+        self.metrics_port: int | None = None  # the bound /metrics port, when options.metrics_port is set
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -236,6 +286,9 @@ class CoordinatorThread:
         assert self.port is not None
         return self.port
 
+    def _on_metrics(self, port: int) -> None:
+        self.metrics_port = port
+
     def _on_ready(self, port: int) -> None:
         self.port = port
         self._ready.set()
@@ -246,7 +299,7 @@ class CoordinatorThread:
 
         async def main() -> None:
             self._stop = asyncio.Event()
-            await serve(self.options, ready=self._on_ready, stop=self._stop)
+            await serve(self.options, ready=self._on_ready, stop=self._stop, metrics_ready=self._on_metrics)
 
         try:
             loop.run_until_complete(main())

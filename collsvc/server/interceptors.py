@@ -24,10 +24,12 @@ from collsvc.errors import (
     REASON_METADATA_KEY,
     CollsvcError,
     Reason,
+    ResourceLimitError,
     error_details,
     reason_for,
     status_for,
 )
+from collsvc.server.request_limits import RequestLimits
 from collsvc.server.state.common import NotFoundError
 
 log = logging.getLogger(__name__)
@@ -75,14 +77,52 @@ class MalformedRequest:
         self.error = error
 
 
-def lenient_deserializer(message_cls: Any) -> Callable[[bytes], Any]:
-    """``message_cls.FromString``, returning a :class:`MalformedRequest` for bytes that do not parse."""
+class RefusedRequest:
+    """Stands in for a request over a size limit (see :mod:`collsvc.server.request_limits`);
+    :func:`translate_errors` raises its error, so the call ends RESOURCE_EXHAUSTED naming the limit."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: ResourceLimitError) -> None:
+        self.error = error
+
+
+def checked_parse(message_cls: Any, data: bytes, limits: RequestLimits | None) -> Any:
+    """Parses ``data`` as ``message_cls`` after checking its size, then checks every field.
+
+    Raises:
+        ResourceLimitError: the message or one of its fields is over its limit.
+        DecodeError: the bytes do not parse.
+    """
+    if limits is not None:
+        limits.check_size(message_cls.DESCRIPTOR, len(data))  # before parsing: no copy of a refused body
+    message = message_cls.FromString(data)
+    if limits is not None:
+        limits.check_fields(message)
+    return message
+
+
+def lenient_deserializer(message_cls: Any, limits: RequestLimits | None = None) -> Callable[[bytes], Any]:
+    """``message_cls.FromString`` that returns a :class:`MalformedRequest` for bytes that do not parse and
+    a :class:`RefusedRequest` for a message over ``limits`` (checked by :func:`checked_parse`)."""
 
     def parse(data: bytes) -> Any:
         try:
-            return message_cls.FromString(data)
+            return checked_parse(message_cls, data, limits)
         except DecodeError as exc:
             return MalformedRequest(str(exc))
+        except ResourceLimitError as exc:
+            return RefusedRequest(exc)
+
+    return parse
+
+
+def stream_deserializer(message_cls: Any, limits: RequestLimits | None = None) -> Callable[[bytes], Any]:
+    """:func:`checked_parse` for the messages of a stream: its errors reach the servicer's
+    ``context.read()``, which :func:`translate_errors` turns into the call's status."""
+
+    def parse(data: bytes) -> Any:
+        return checked_parse(message_cls, data, limits)
 
     return parse
 
@@ -99,6 +139,8 @@ def translate_errors(method: _Method) -> _Method:
         try:
             if isinstance(request, MalformedRequest):
                 raise ValueError(f"malformed request: {request.error}")
+            if isinstance(request, RefusedRequest):
+                raise request.error
             return await method(self, request, context)
         # DecodeError: a malformed message read from a stream (Watch) by context.read().
         except (CollsvcError, NotFoundError, ValueError, TypeError, DecodeError) as exc:

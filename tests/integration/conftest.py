@@ -122,7 +122,8 @@ def start_coordinator() -> Iterator[Callable[..., tuple[CoordinatorThread, Clien
 
     def start(**options: Any) -> tuple[CoordinatorThread, Client]:
         token = options.setdefault("token", TOKEN)
-        thread = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, **options))
+        options.setdefault("port", 0)  # a restarted coordinator passes the port of the one it replaces
+        thread = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", **options))
         port = thread.start()
         client = Client(f"127.0.0.1:{port}", token)
         started.append((thread, client))

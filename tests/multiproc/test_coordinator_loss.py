@@ -1,8 +1,10 @@
-"""Promise 5: losing the coordinator mid-job ends every member with a typed error, in bounded time.
+"""Promise 5: losing the coordinator for good ends every member with a typed error, in bounded time.
 
 The coordinator runs as its own process (``python -m collsvc coordinator --port 0``) so that it can be
 SIGKILLed like a crashed daemon. Ranks learn of the loss from their heartbeat watcher after
-``COLLSVC_COORDINATOR_GRACE`` seconds (3 s here, default 20 s).
+``COLLSVC_COORDINATOR_GRACE`` seconds (3 s here, default 20 s); a coordinator call waiting meanwhile
+(rank 0's barrier) fails with the same error. A coordinator restarted within the grace period takes
+the job back: see test_coordinator_restart.py.
 """
 
 from __future__ import annotations
@@ -102,8 +104,7 @@ def _wait_for_ready(fd: int, bound: float) -> None:
     assert readable and os.read(fd, 16) == b"ready", "ranks never became ready"
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["killed", "restarted-empty"])
-def test_coordinator_loss_is_bounded(daemon: Coordinator, tmp_path: Path, restart: bool) -> None:
+def test_coordinator_never_restarted_ends_the_job_naming_it(daemon: Coordinator, tmp_path: Path) -> None:
     import threading
 
     ready = tmp_path / "ready"
@@ -133,31 +134,22 @@ def test_coordinator_loss_is_bounded(daemon: Coordinator, tmp_path: Path, restar
         os.close(fd)
     killed_at = time.monotonic()
     daemon.kill()
-    again = Coordinator(tmp_path, port=daemon.port) if restart else None
-    try:
-        runner.join(BOUND + 30)
-    finally:
-        if again is not None:
-            again.stop()
+    runner.join(BOUND + 30)
     assert "error" not in box, box.get("error")
     result = box["result"]
     took = time.monotonic() - killed_at
     for outcome in result.outcomes:
         blocked, later = outcome.value["blocked"], outcome.value["later"]
         assert blocked["type"] == "RendezvousError", (outcome.rank, blocked)
-        # Rank 0 waits in a coordinator barrier RPC, which breaks at once; the others wait for data and
-        # hear it from their heartbeat watcher after the grace period.
-        expected = "coordinator unreachable" if outcome.rank == 0 else "lost the coordinator"
-        assert expected in blocked["message"], blocked["message"]
+        # Rank 0 waits in a coordinator barrier RPC, which breaks at once and then waits for the
+        # coordinator to come back; the others wait for data. All hear from their heartbeat watcher,
+        # after the grace period, that the coordinator is gone for good.
+        assert "lost the coordinator" in blocked["message"], blocked["message"]
         assert daemon.address in blocked["message"], blocked["message"]
-        if outcome.rank != 0 and not restart:  # a restarted, empty coordinator refuses at once instead
-            assert blocked["since_ready"] >= GRACE, blocked
-        if outcome.rank != 0 and restart:
-            assert "invalid member credentials" in blocked["message"], blocked["message"]
-        assert blocked["since_ready"] < BOUND, blocked
+        assert GRACE <= blocked["since_ready"] < BOUND, blocked
         assert later["type"] == "RendezvousError" and later["elapsed"] < 1.0, later
         print(
-            f"MEASURED coordinator {'restarted' if restart else 'killed'}: rank {outcome.rank} "
+            f"MEASURED coordinator killed: rank {outcome.rank} "
             f"raised {blocked['since_ready']:.2f}s after the job was ready: {blocked['message']}"
         )
     assert took < BOUND, took

@@ -24,21 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ollsvc/proto/v1/common.proto\x12\x10\x63ollsvc.proto.v1\"O\n\x0e\x44\x65viceIdentity\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\npci_bus_id\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\x05\"\x83\x02\n\x06Member\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nlocal_size\x18\x04 \x01(\x05\x12\x11\n\tnode_rank\x18\x05 \x01(\x05\x12\x14\n\x0cpeer_address\x18\x06 \x01(\t\x12\x30\n\x06\x64\x65vice\x18\x07 \x01(\x0b\x32 .collsvc.proto.v1.DeviceIdentity\x12\x0b\n\x03pid\x18\x08 \x01(\x05\x12,\n\x05state\x18\t \x01(\x0e\x32\x1d.collsvc.proto.v1.MemberState\x12\x1f\n\x17seconds_since_heartbeat\x18\n \x01(\x01\"U\n\x08Progress\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0bstarted_seq\x18\x02 \x01(\x03\x12\x14\n\x0c\x66inished_seq\x18\x03 \x01(\x03\x12\x0f\n\x07last_op\x18\x04 \x01(\t*\xd0\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45RROR_REASON_RANK_FAILED\x10\x01\x12#\n\x1f\x45RROR_REASON_COLLECTIVE_TIMEOUT\x10\x02\x12$\n ERROR_REASON_COLLECTIVE_MISMATCH\x10\x03\x12\x1f\n\x1b\x45RROR_REASON_AUTHENTICATION\x10\x04\x12\x1b\n\x17\x45RROR_REASON_RENDEZVOUS\x10\x05\x12\x18\n\x14\x45RROR_REASON_ABORTED\x10\x06\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x07\x12#\n\x1f\x45RROR_REASON_RESOURCE_EXHAUSTED\x10\x08\x12\x1a\n\x16\x45RROR_REASON_NOT_FOUND\x10\t*\x8d\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x03\x12\x17\n\x13MEMBER_STATE_FAILED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ollsvc/proto/v1/common.proto\x12\x10\x63ollsvc.proto.v1\"O\n\x0e\x44\x65viceIdentity\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x12\n\npci_bus_id\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\x05\"\x83\x02\n\x06Member\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x12\n\nlocal_rank\x18\x03 \x01(\x05\x12\x12\n\nlocal_size\x18\x04 \x01(\x05\x12\x11\n\tnode_rank\x18\x05 \x01(\x05\x12\x14\n\x0cpeer_address\x18\x06 \x01(\t\x12\x30\n\x06\x64\x65vice\x18\x07 \x01(\x0b\x32 .collsvc.proto.v1.DeviceIdentity\x12\x0b\n\x03pid\x18\x08 \x01(\x05\x12,\n\x05state\x18\t \x01(\x0e\x32\x1d.collsvc.proto.v1.MemberState\x12\x1f\n\x17seconds_since_heartbeat\x18\n \x01(\x01\"U\n\x08Progress\x12\r\n\x05group\x18\x01 \x01(\t\x12\x13\n\x0bstarted_seq\x18\x02 \x01(\x03\x12\x14\n\x0c\x66inished_seq\x18\x03 \x01(\x03\x12\x0f\n\x07last_op\x18\x04 \x01(\t\"\x95\x01\n\x0f\x43ollectiveStats\x12\n\n\x02op\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x15\n\rbucket_counts\x18\x06 \x03(\x04\x12\x11\n\tbus_bytes\x18\x07 \x01(\x01\x12\x0e\n\x06\x66\x61iled\x18\x08 \x01(\x04*\xd0\x02\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45RROR_REASON_RANK_FAILED\x10\x01\x12#\n\x1f\x45RROR_REASON_COLLECTIVE_TIMEOUT\x10\x02\x12$\n ERROR_REASON_COLLECTIVE_MISMATCH\x10\x03\x12\x1f\n\x1b\x45RROR_REASON_AUTHENTICATION\x10\x04\x12\x1b\n\x17\x45RROR_REASON_RENDEZVOUS\x10\x05\x12\x18\n\x14\x45RROR_REASON_ABORTED\x10\x06\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x07\x12#\n\x1f\x45RROR_REASON_RESOURCE_EXHAUSTED\x10\x08\x12\x1a\n\x16\x45RROR_REASON_NOT_FOUND\x10\t*\x8d\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x03\x12\x17\n\x13MEMBER_STATE_FAILED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'collsvc.proto.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ERRORREASON']._serialized_start=482
-  _globals['_ERRORREASON']._serialized_end=818
-  _globals['_MEMBERSTATE']._serialized_start=821
-  _globals['_MEMBERSTATE']._serialized_end=962
+  _globals['_ERRORREASON']._serialized_start=634
+  _globals['_ERRORREASON']._serialized_end=970
+  _globals['_MEMBERSTATE']._serialized_start=973
+  _globals['_MEMBERSTATE']._serialized_end=1114
   _globals['_DEVICEIDENTITY']._serialized_start=51
   _globals['_DEVICEIDENTITY']._serialized_end=130
   _globals['_MEMBER']._serialized_start=133
   _globals['_MEMBER']._serialized_end=392
   _globals['_PROGRESS']._serialized_start=394
   _globals['_PROGRESS']._serialized_end=479
+  _globals['_COLLECTIVESTATS']._serialized_start=482
+  _globals['_COLLECTIVESTATS']._serialized_end=631
 # @@protoc_insertion_point(module_scope)

@@ -1,7 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -89,3 +90,23 @@ class Progress(_message.Message):
     finished_seq: int
     last_op: str
     def __init__(self, group: _Optional[str] = ..., started_seq: _Optional[int] = ..., finished_seq: _Optional[int] = ..., last_op: _Optional[str] = ...) -> None: ...
+
+class CollectiveStats(_message.Message):
+    __slots__ = ("op", "group", "count", "bytes", "seconds", "bucket_counts", "bus_bytes", "failed")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    BUS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    group: str
+    count: int
+    bytes: int
+    seconds: float
+    bucket_counts: _containers.RepeatedScalarFieldContainer[int]
+    bus_bytes: float
+    failed: int
+    def __init__(self, op: _Optional[str] = ..., group: _Optional[str] = ..., count: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., bucket_counts: _Optional[_Iterable[int]] = ..., bus_bytes: _Optional[float] = ..., failed: _Optional[int] = ...) -> None: ...

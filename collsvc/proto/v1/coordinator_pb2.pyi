@@ -24,7 +24,7 @@ EVENT_KIND_JOB_ABORTED: EventKind
 EVENT_KIND_COLLECTIVE_MISMATCH: EventKind
 
 class JoinRequest(_message.Message):
-    __slots__ = ("job_id", "world_size", "requested_rank", "host", "peer_address", "device", "pid", "local_rank_hint", "timeout_s")
+    __slots__ = ("job_id", "world_size", "requested_rank", "host", "peer_address", "device", "pid", "local_rank_hint", "timeout_s", "idempotency_key")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class JoinRequest(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_HINT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     world_size: int
     requested_rank: int
@@ -43,7 +44,8 @@ class JoinRequest(_message.Message):
     pid: int
     local_rank_hint: int
     timeout_s: float
-    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., requested_rank: _Optional[int] = ..., host: _Optional[str] = ..., peer_address: _Optional[str] = ..., device: _Optional[_Union[_common_pb2.DeviceIdentity, _Mapping]] = ..., pid: _Optional[int] = ..., local_rank_hint: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., requested_rank: _Optional[int] = ..., host: _Optional[str] = ..., peer_address: _Optional[str] = ..., device: _Optional[_Union[_common_pb2.DeviceIdentity, _Mapping]] = ..., pid: _Optional[int] = ..., local_rank_hint: _Optional[int] = ..., timeout_s: _Optional[float] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("rank", "world_size", "local_rank", "local_size", "node_rank", "num_nodes", "job_incarnation", "member_secret")
@@ -116,14 +118,16 @@ class BarrierResponse(_message.Message):
     def __init__(self, complete: _Optional[bool] = ..., waiting_on: _Optional[_Iterable[_Union[WaitingMember, _Mapping]]] = ...) -> None: ...
 
 class SetKeyRequest(_message.Message):
-    __slots__ = ("job_id", "key", "value")
+    __slots__ = ("job_id", "key", "value", "restore")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     key: str
     value: bytes
-    def __init__(self, job_id: _Optional[str] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    restore: bool
+    def __init__(self, job_id: _Optional[str] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., restore: _Optional[bool] = ...) -> None: ...
 
 class SetKeyResponse(_message.Message):
     __slots__ = ()
@@ -202,30 +206,36 @@ class DeleteKeyResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "member_secret", "progress")
+    __slots__ = ("job_id", "rank", "member_secret", "progress", "stats", "last_event_seq")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     member_secret: str
     progress: _containers.RepeatedCompositeFieldContainer[_common_pb2.Progress]
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ...) -> None: ...
+    stats: _containers.RepeatedCompositeFieldContainer[_common_pb2.CollectiveStats]
+    last_event_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., stats: _Optional[_Iterable[_Union[_common_pb2.CollectiveStats, _Mapping]]] = ..., last_event_seq: _Optional[int] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("kind", "ranks", "hosts", "reason", "details_json")
+    __slots__ = ("kind", "ranks", "hosts", "reason", "details_json", "seq")
     KIND_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     kind: EventKind
     ranks: _containers.RepeatedScalarFieldContainer[int]
     hosts: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     details_json: str
-    def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., hosts: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., details_json: _Optional[str] = ...) -> None: ...
+    seq: int
+    def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., hosts: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., details_json: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
     __slots__ = ("job_id", "rank", "member_secret", "kind", "reason", "details_json", "ranks")
@@ -266,14 +276,16 @@ class GetProgressResponse(_message.Message):
     def __init__(self, not_started: _Optional[_Iterable[_Union[WaitingMember, _Mapping]]] = ...) -> None: ...
 
 class NewGroupRequest(_message.Message):
-    __slots__ = ("job_id", "name", "ranks")
+    __slots__ = ("job_id", "name", "ranks", "restore")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    restore: bool
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., restore: _Optional[bool] = ...) -> None: ...
 
 class NewGroupResponse(_message.Message):
     __slots__ = ()
@@ -326,7 +338,7 @@ class GroupStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "world_size", "state", "members", "groups", "progress", "failure")
+    __slots__ = ("job_id", "world_size", "state", "members", "groups", "progress", "failure", "world_stats")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +346,7 @@ class JobStatus(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_STATS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     world_size: int
     state: str
@@ -341,10 +354,49 @@ class JobStatus(_message.Message):
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
     progress: _containers.RepeatedCompositeFieldContainer[_common_pb2.Progress]
     failure: str
-    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., failure: _Optional[str] = ...) -> None: ...
+    world_stats: _containers.RepeatedCompositeFieldContainer[_common_pb2.CollectiveStats]
+    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., failure: _Optional[str] = ..., world_stats: _Optional[_Iterable[_Union[_common_pb2.CollectiveStats, _Mapping]]] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("jobs",)
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+
+class BarrierMark(_message.Message):
+    __slots__ = ("group", "generation")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    generation: int
+    def __init__(self, group: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class ReregisterRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "member_secret", "job_incarnation", "world_size", "num_nodes", "member", "barriers", "left_ranks", "last_event_seq")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
+    JOB_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_NODES_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    BARRIERS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_RANKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    member_secret: str
+    job_incarnation: int
+    world_size: int
+    num_nodes: int
+    member: _common_pb2.Member
+    barriers: _containers.RepeatedCompositeFieldContainer[BarrierMark]
+    left_ranks: _containers.RepeatedScalarFieldContainer[int]
+    last_event_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., job_incarnation: _Optional[int] = ..., world_size: _Optional[int] = ..., num_nodes: _Optional[int] = ..., member: _Optional[_Union[_common_pb2.Member, _Mapping]] = ..., barriers: _Optional[_Iterable[_Union[BarrierMark, _Mapping]]] = ..., left_ranks: _Optional[_Iterable[int]] = ..., last_event_seq: _Optional[int] = ...) -> None: ...
+
+class ReregisterResponse(_message.Message):
+    __slots__ = ("recovering",)
+    RECOVERING_FIELD_NUMBER: _ClassVar[int]
+    recovering: bool
+    def __init__(self, recovering: _Optional[bool] = ...) -> None: ...

@@ -109,6 +109,11 @@ class CoordinatorStub:
                 request_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.Reregister = channel.unary_unary(
+                '/collsvc.proto.v1.Coordinator/Reregister',
+                request_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.ReregisterRequest.SerializeToString,
+                response_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.ReregisterResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -210,6 +215,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reregister(self, request, context):
+        """A member of a running job tells a coordinator (that may have restarted) who it is and what it
+        knows of the job; the first one rebuilds the job. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -287,6 +300,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetStatusRequest.FromString,
                     response_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'Reregister': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reregister,
+                    request_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.ReregisterRequest.FromString,
+                    response_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.ReregisterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -694,6 +712,33 @@ class Coordinator:
             '/collsvc.proto.v1.Coordinator/GetStatus',
             collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetStatusRequest.SerializeToString,
             collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reregister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/collsvc.proto.v1.Coordinator/Reregister',
+            collsvc_dot_proto_dot_v1_dot_coordinator__pb2.ReregisterRequest.SerializeToString,
+            collsvc_dot_proto_dot_v1_dot_coordinator__pb2.ReregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,

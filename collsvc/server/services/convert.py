@@ -8,10 +8,48 @@ from typing import Any, cast
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
 from collsvc.server.state.common import WORLD, Device, Member, WaitingInfo
 from collsvc.server.state.jobs import Job
+from collsvc.server.state.recovery import Reregistration
+from collsvc.server.state.roster import JoinRequest
 
 
 def device_from_proto(device: Any) -> Device:
     return Device(kind=device.kind or "cpu", uuid=device.uuid, pci_bus_id=device.pci_bus_id, index=device.index)
+
+
+def join_request(request: Any) -> JoinRequest:
+    """A ``JoinRequest`` message as the state's :class:`JoinRequest`."""
+    return JoinRequest(
+        world_size=request.world_size,
+        requested_rank=request.requested_rank if request.HasField("requested_rank") else None,
+        host=request.host,
+        peer_address=request.peer_address,
+        device=device_from_proto(request.device),
+        pid=request.pid,
+        local_rank_hint=request.local_rank_hint if request.HasField("local_rank_hint") else None,
+        idempotency_key=request.idempotency_key,
+    )
+
+
+def reregistration(request: Any) -> Reregistration:
+    """A ``ReregisterRequest`` message as the state's :class:`Reregistration`."""
+    member = request.member
+    return Reregistration(
+        rank=request.rank,
+        secret=request.member_secret,
+        incarnation=request.job_incarnation,
+        world_size=request.world_size,
+        num_nodes=request.num_nodes,
+        host=member.host,
+        peer_address=member.peer_address,
+        device=device_from_proto(member.device),
+        pid=member.pid,
+        local_rank=member.local_rank,
+        local_size=member.local_size,
+        node_rank=member.node_rank,
+        barriers=tuple((b.group or WORLD, b.generation) for b in request.barriers),
+        left_ranks=tuple(request.left_ranks),
+        last_event_seq=request.last_event_seq,
+    )
 
 
 def member_proto(job: Job, member: Member, *, with_heartbeat: bool) -> Any:
@@ -71,6 +109,7 @@ def job_status(job: Job) -> Any:
         if not job.complete and member.requested_rank is not None:
             entry.rank = member.requested_rank
         status.members.append(entry)
+        status.world_stats.append(world_totals(member))
         record = member.progress.get(WORLD)
         status.progress.append(
             common_pb2.Progress(
@@ -83,6 +122,16 @@ def job_status(job: Job) -> Any:
     for name, ranks in job.groups.items():
         status.groups.append(coordinator_pb2.GroupStatus(name=name, ranks=ranks))
     return status
+
+
+def world_totals(member: Member) -> Any:
+    """A member's "world" collectives summed over ops (count, seconds), from its heartbeats' totals."""
+    totals = common_pb2.CollectiveStats(group=WORLD)
+    for (_op, group), stats in member.stats.items():
+        if group == WORLD:
+            totals.count += stats.count
+            totals.seconds += stats.seconds
+    return totals
 
 
 def progress_tuples(entries: Iterable[Any]) -> list[tuple[str, int, int, str]]:

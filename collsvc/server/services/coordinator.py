@@ -15,15 +15,23 @@ import grpc
 
 from collsvc.errors import RendezvousError
 from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
-from collsvc.server.interceptors import Context, lenient_deserializer, translate_errors
-from collsvc.server.services.convert import device_from_proto, job_status, progress_tuples, waiting_protos
-from collsvc.server.services.hub import Hub, wait_event
+from collsvc.server.interceptors import Context, lenient_deserializer, stream_deserializer, translate_errors
+from collsvc.server.request_limits import RequestLimits
+from collsvc.server.services.convert import (
+    job_status,
+    join_request,
+    progress_tuples,
+    reregistration,
+    waiting_protos,
+)
+from collsvc.server.services.hub import Hub, JobRuntime, wait_event
 from collsvc.server.services.watch import watch
 from collsvc.server.state.common import NotFoundError
 
 log = logging.getLogger(__name__)
 pb = coordinator_pb2
 Events = coordinator_pb2.EventKind
+SERVICE = pb.DESCRIPTOR.services_by_name["Coordinator"]
 
 # Used when a request carries no timeout; the call's own deadline still applies.
 DEFAULT_WAIT_S = 300.0
@@ -38,28 +46,64 @@ def _wait_seconds(timeout_s: float, context: Context) -> float:
     return wait
 
 
+def client_address(peer: str) -> str:
+    """The client's address without its port, from ``context.peer()``: ``"ipv4:10.0.0.5:41234"`` ->
+    ``"10.0.0.5"``, ``"ipv6:[::1]:41234"`` -> ``"::1"`` (an IPv4-mapped one as IPv4); others as given."""
+    scheme, _, rest = peer.partition(":")
+    if scheme == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    if scheme == "ipv6" and rest.startswith("["):
+        host = rest[1 : rest.find("]")]
+        return host.removeprefix("::ffff:") if "." in host else host
+    return peer
+
+
+async def usable(rt: JobRuntime, timeout_s: float, context: Context) -> JobRuntime:
+    """``rt`` once its job is usable: a job rebuilt after a coordinator restart first waits (bounded by
+    the request's timeout) until every member re-registered or the others were declared failed.
+
+    Raises:
+        RendezvousError: the job is still being rebuilt when the wait ends.
+    """
+    if not rt.usable.is_set() and not await wait_event(rt.usable, _wait_seconds(timeout_s, context)):
+        missing = [m.rank for m in rt.job.members if not m.registered and not m.gone]
+        raise RendezvousError(
+            f"job {rt.job.job_id!r} is still being rebuilt after a coordinator restart; "
+            f"ranks {missing} have not re-registered yet"
+        )
+    return rt
+
+
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ignore[misc]
     """Serves one :class:`Hub`."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
 
+    async def _find_or_create(self, job_id: str, context: Context, timeout_s: float = 0.0) -> JobRuntime:
+        return await usable(self.hub.find_or_create(job_id), timeout_s, context)
+
+    async def _find(self, job_id: str, context: Context) -> JobRuntime:
+        return await usable(self.hub.find(job_id), 0.0, context)
+
     # ------------------------------------------------------------------------------ rendezvous
 
     @translate_errors
     async def Join(self, request: Any, context: Context) -> Any:
+        # Counted per client before the job is created, so that joins that never complete cannot take
+        # every job slot (Limits.max_joining_jobs_per_client).
+        client = client_address(context.peer())
+        self.hub.join_quota.admit(client, request.job_id)
+        try:
+            return await self._join(request, context)
+        finally:
+            self.hub.join_quota.release(client, request.job_id)
+
+    async def _join(self, request: Any, context: Context) -> Any:
         rt = self.hub.find_or_create(request.job_id)
         job = rt.job
         try:
-            member = job.join(
-                world_size=request.world_size,
-                requested_rank=request.requested_rank if request.HasField("requested_rank") else None,
-                host=request.host,
-                peer_address=request.peer_address,
-                device=device_from_proto(request.device),
-                pid=request.pid,
-                local_rank_hint=request.local_rank_hint if request.HasField("local_rank_hint") else None,
-            )
+            member = job.join(join_request(request))
         except Exception:
             self.hub.drop_if_finished(rt)  # a job this very request created must not linger
             raise
@@ -73,11 +117,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
                 self.hub.drop_if_finished(rt)
             raise
         if not completed:
-            joined = job.joined
+            joined, missing = job.joined, job.not_joined()
             if job.cancel_join(member):
                 self.hub.drop_if_finished(rt)
             raise RendezvousError(
                 f"job {job.job_id!r}: only {joined} of {request.world_size} members joined within {wait:.3g}s"
+                + (f"; ranks that never joined: {missing}" if missing else "")
             )
         return rt.join_replies[member.rank]
 
@@ -91,19 +136,24 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     @translate_errors
     async def Barrier(self, request: Any, context: Context) -> Any:
         rt, _ = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
+        await usable(rt, request.timeout_s, context)
         job, group, generation = rt.job, request.group or "world", request.generation
         key = (group, generation)
         if job.barrier_arrive(group, generation, request.rank):
             rt.complete_barrier(key)
+            job.record_barrier_wait(group, 0.0)  # the last to arrive waits for nobody
             return pb.BarrierResponse(complete=True)
-        deadline = asyncio.get_running_loop().time() + _wait_seconds(request.timeout_s, context)
+        arrived = asyncio.get_running_loop().time()
+        deadline = arrived + _wait_seconds(request.timeout_s, context)
         while True:
             remaining = deadline - asyncio.get_running_loop().time()
             woken = await wait_event(rt.barrier_event(key), remaining)
             job.check_healthy(group)  # woken by a failure, leave or abort: raise it
             if job.barriers.is_complete(group, generation):
+                job.record_barrier_wait(group, asyncio.get_running_loop().time() - arrived)
                 return pb.BarrierResponse(complete=True)
             if not woken or remaining <= 0:
+                job.count_failure("barrier_timeout")
                 waiting = job.barrier_waiting_on(group, generation)
                 log.warning(
                     "job %s group %s rank %d: barrier #%d timed out waiting on ranks %s",
@@ -116,13 +166,18 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     @translate_errors
     async def SetKey(self, request: Any, context: Context) -> Any:
         rt = self.hub.find_or_create(request.job_id)
+        if request.restore:  # a re-registered member restoring its keys: no need to wait for the others
+            rt.job.kv.restore(request.key, request.value)
+            rt.notify_key(request.key)
+            return pb.SetKeyResponse()
+        await usable(rt, 0.0, context)
         rt.job.kv.set(request.key, request.value)
         rt.notify_key(request.key)
         return pb.SetKeyResponse()
 
     @translate_errors
     async def GetKey(self, request: Any, context: Context) -> Any:
-        rt = self.hub.find_or_create(request.job_id)
+        rt = await self._find_or_create(request.job_id, context, request.timeout_s)
         value = rt.job.kv.get(request.key)
         if value is None and request.wait:
             deadline = asyncio.get_running_loop().time() + _wait_seconds(request.timeout_s, context)
@@ -137,14 +192,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
 
     @translate_errors
     async def AddKey(self, request: Any, context: Context) -> Any:
-        rt = self.hub.find_or_create(request.job_id)
+        rt = await self._find_or_create(request.job_id, context)
         value = rt.job.kv.add(request.key, request.amount)
         rt.notify_key(request.key)
         return pb.AddKeyResponse(value=value)
 
     @translate_errors
     async def CompareSetKey(self, request: Any, context: Context) -> Any:
-        rt = self.hub.find_or_create(request.job_id)
+        rt = await self._find_or_create(request.job_id, context)
         swapped, value = rt.job.kv.compare_set(
             request.key,
             expect_absent=request.expect_absent,
@@ -157,7 +212,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
 
     @translate_errors
     async def DeleteKey(self, request: Any, context: Context) -> Any:
-        rt = self.hub.find_or_create(request.job_id)
+        rt = await self._find_or_create(request.job_id, context)
         return pb.DeleteKeyResponse(deleted=rt.job.kv.delete(request.key))
 
     # ------------------------------------------------------------------------ liveness, failures
@@ -169,6 +224,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     @translate_errors
     async def ReportFailure(self, request: Any, context: Context) -> Any:
         rt, member = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
+        await usable(rt, 0.0, context)
         kind = request.kind
         if kind == Events.EVENT_KIND_JOB_ABORTED:
             self.hub.abort(rt, member, request.reason)
@@ -189,6 +245,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     @translate_errors
     async def Leave(self, request: Any, context: Context) -> Any:
         rt, member = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
+        await usable(rt, 0.0, context)
         rt.job.heartbeat(member, progress_tuples(request.progress))  # its final progress
         self.hub.leave(rt, member)
         return pb.LeaveResponse()
@@ -197,19 +254,22 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
 
     @translate_errors
     async def GetProgress(self, request: Any, context: Context) -> Any:
-        job = self.hub.find(request.job_id).job
+        job = (await self._find(request.job_id, context)).job
         return pb.GetProgressResponse(
             not_started=waiting_protos(job.not_started(request.group or "world", request.seq))
         )
 
     @translate_errors
     async def NewGroup(self, request: Any, context: Context) -> Any:
-        self.hub.find(request.job_id).job.new_group(request.name, list(request.ranks))
+        rt = self.hub.find(request.job_id)
+        if not request.restore:  # a re-registered member restoring its group needs nobody else
+            await usable(rt, 0.0, context)
+        rt.job.new_group(request.name, list(request.ranks))
         return pb.NewGroupResponse()
 
     @translate_errors
     async def FindGroup(self, request: Any, context: Context) -> Any:
-        ranks = self.hub.find(request.job_id).job.find_group(request.name)
+        ranks = (await self._find(request.job_id, context)).job.find_group(request.name)
         return pb.FindGroupResponse(found=ranks is not None, ranks=ranks or ())
 
     @translate_errors
@@ -217,11 +277,22 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         jobs = [self.hub.find(request.job_id).job] if request.job_id else self.hub.registry.jobs()
         return pb.GetStatusResponse(jobs=[job_status(job) for job in jobs])
 
+    @translate_errors
+    async def Reregister(self, request: Any, context: Context) -> Any:
+        rt, member = self.hub.reregister(reregistration(request), request.job_id)
+        log.info("job %s rank %d (%s): re-registered (job %s)", rt.job.job_id, member.rank, member.host, rt.job.state)
+        return pb.ReregisterResponse(recovering=rt.job.recovering)
+
 
 def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> None:
-    """Registers ``servicer``, with GetMembers answering pre-serialized bytes (built once per job)."""
+    """Registers ``servicer``, with GetMembers answering pre-serialized bytes (built once per job).
+
+    Every request is checked against the hub's limits as it is deserialized (size first, then each
+    field; see :mod:`collsvc.server.request_limits`).
+    """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-    for method in pb.DESCRIPTOR.services_by_name["Coordinator"].methods:
+    limits = RequestLimits(servicer.hub.options.limits)
+    for method in SERVICE.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
         behavior = getattr(servicer, method.name)
@@ -230,11 +301,11 @@ def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> N
             serialize = _bytes_or_message
         if method.client_streaming and method.server_streaming:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                behavior, request_deserializer=request_cls.FromString, response_serializer=serialize
+                behavior, request_deserializer=stream_deserializer(request_cls, limits), response_serializer=serialize
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                behavior, request_deserializer=lenient_deserializer(request_cls), response_serializer=serialize
+                behavior, request_deserializer=lenient_deserializer(request_cls, limits), response_serializer=serialize
             )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("collsvc.proto.v1.Coordinator", handlers),))
 

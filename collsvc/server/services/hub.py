@@ -20,7 +20,10 @@ from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.state.barriers import BarrierKey
 from collsvc.server.state.common import Clock, Member
+from collsvc.server.state.credentials import MemberSecrets, member_key
 from collsvc.server.state.jobs import BAD_CREDENTIALS, Job
+from collsvc.server.state.joins import JoinQuota
+from collsvc.server.state.recovery import Reregistration
 from collsvc.server.state.registry import Registry
 from collsvc.types import CoordinatorOptions
 
@@ -58,6 +61,11 @@ class JobRuntime:
         self.key_events: dict[str, asyncio.Event] = {}
         self._key_waiters: dict[str, int] = {}
         self.streams: dict[int, Stream] = {}
+        # Set while the job is usable; clear while a rebuilt job waits for its members to re-register.
+        self.usable = asyncio.Event()
+        if not job.recovering:
+            self.usable.set()
+        self.events: list[Any] = []  # every numbered Watch event, replayed to a stream that missed some
         self._members_cache: tuple[int, bytes] | None = None
 
     def members_bytes(self) -> bytes:
@@ -111,9 +119,28 @@ class JobRuntime:
         self.joined.set()
 
     def send(self, event: Any, *, exclude: Collection[int] = ()) -> None:
+        """Numbers ``event``, logs it for later replay, and queues it on every stream but ``exclude``'s.
+
+        An excluded member (the one failed, the one leaving) is not told now.
+        """
+        event.seq = self.job.next_event_seq()
+        # A member that left is not told of its own leave, even on replay; a failed member that comes
+        # back is told that it was declared failed.
+        self.events.append((event, frozenset(exclude) if event.kind == Events.EVENT_KIND_MEMBER_LEFT else frozenset()))
         for rank, stream in self.streams.items():
             if rank not in exclude:
                 stream.queue.put_nowait(event)
+
+    def replay(self, stream: Stream, after: int) -> None:
+        """Queues on ``stream`` every logged event numbered above ``after`` that was meant for it."""
+        for event, exclude in self.events:
+            if event.seq > after and stream.rank not in exclude:
+                stream.queue.put_nowait(event)
+
+    def wake_if_usable(self) -> None:
+        """Wakes whoever waits for a rebuilt job once it is whole again."""
+        if not self.job.recovering and not self.usable.is_set():
+            self.usable.set()
 
 
 def _left_event(members: list[Member]) -> Any:
@@ -137,9 +164,16 @@ def _event(kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: s
 class Hub:
     """All jobs and their runtimes, plus the failure paths that must reach every member."""
 
-    def __init__(self, options: CoordinatorOptions, *, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        options: CoordinatorOptions,
+        *,
+        clock: Clock = time.monotonic,
+        secrets: MemberSecrets | None = None,
+    ) -> None:
         self.options = options
-        self.registry = Registry(clock=clock, limits=options.limits)
+        self.registry = Registry(clock=clock, limits=options.limits, secrets=secrets or hub_secrets(options))
+        self.join_quota = JoinQuota(options.limits)
         self._runtimes: dict[str, JobRuntime] = {}
 
     def runtime(self, job: Job) -> JobRuntime:
@@ -173,6 +207,7 @@ class Hub:
     def fail(self, rt: JobRuntime, ranks: Iterable[int], reason: str) -> None:
         """Marks members failed and tells every other member; pending barriers fail."""
         failed = rt.job.fail(ranks, reason)
+        rt.wake_if_usable()  # a failure ends a rebuild: the waiters must see it
         if not failed:
             return
         event = _event(Events.EVENT_KIND_MEMBER_FAILED, failed, reason)
@@ -189,13 +224,16 @@ class Hub:
         self.drop_if_finished(rt)
 
     def abort(self, rt: JobRuntime, member: Member, reason: str) -> None:
-        if not rt.job.abort(reason, member.rank):
+        aborted = rt.job.abort(reason, member.rank)
+        rt.wake_if_usable()
+        if not aborted:
             return
         rt.send(_event(Events.EVENT_KIND_JOB_ABORTED, [member], rt.job.abort_reason or reason))
         rt.wake_barriers()
 
     def mismatch(self, rt: JobRuntime, member: Member, reason: str, details: dict[str, Any]) -> None:
         merged = rt.job.merge_mismatch(details, reason)
+        rt.wake_if_usable()
         ranks = sorted(int(k) for k in merged if str(k).lstrip("-").isdigit())
         culprits = [rt.job.members[r] for r in ranks if 0 <= r < len(rt.job.members)]
         log.warning("job %s rank %d: collective mismatch: %s", rt.job.job_id, member.rank, reason)
@@ -204,29 +242,44 @@ class Hub:
 
     # -------------------------------------------------------------------------------- streams
 
-    def open_stream(self, rt: JobRuntime, member: Member) -> Stream:
-        """Registers a Watch stream for ``member`` (replacing an older one) and replays past events."""
+    def open_stream(self, rt: JobRuntime, member: Member, last_event_seq: int = 0) -> Stream:
+        """Registers a Watch stream for ``member`` (replacing an older one) and replays the events
+        numbered above ``last_event_seq`` (the last one the member received), so that a member that
+        reconnects neither misses an event nor sees one twice."""
         old = rt.streams.get(member.rank)
         if old is not None:
             old.queue.put_nowait(None)
         stream = rt.streams[member.rank] = Stream(member.rank)
-        job = rt.job
         stream.queue.put_nowait(_event(Events.EVENT_KIND_WATCHING, [member], ""))
-        # A failure that happened before this stream opened must still reach this member.
-        if job.abort_reason is not None:
-            aborter = [job.members[job.abort_rank]] if 0 <= job.abort_rank < len(job.members) else []
-            stream.queue.put_nowait(_event(Events.EVENT_KIND_JOB_ABORTED, aborter, job.abort_reason))
-        if job.failed_ranks:
-            failed = [job.members[r] for r in job.failed_ranks]
-            stream.queue.put_nowait(_event(Events.EVENT_KIND_MEMBER_FAILED, failed, job.failure_reason))
-        left = [job.members[r] for r in job.left_ranks if r != member.rank]
-        if left:
-            stream.queue.put_nowait(_left_event(left))
-        if job.mismatch:
-            stream.queue.put_nowait(
-                _event(Events.EVENT_KIND_COLLECTIVE_MISMATCH, [], job.mismatch_reason, json.dumps(job.mismatch))
-            )
+        rt.replay(stream, last_event_seq)
         return stream
+
+    # ------------------------------------------------------------------------------ recovery
+
+    def reregister(self, report: Reregistration, job_id: str) -> tuple[JobRuntime, Member]:
+        """Takes back a member of a running job, rebuilding the job when this coordinator does not know it.
+
+        Raises:
+            AuthenticationError: the secret does not prove the rank (or this coordinator's key is random).
+            RendezvousError: the job here is another instance, or is still joining.
+        """
+        job = self.registry.find(job_id)
+        # A job nobody joined here may exist already: a key/value call of a member that had not yet
+        # noticed the restart creates it. It is rebuilt all the same (its keys are kept).
+        if job is None or (not job.complete and not job.pending_members()):
+            if not self.registry.secrets.stable:
+                raise AuthenticationError(BAD_CREDENTIALS)  # without a stable key nothing can be proven
+            if not self.registry.secrets.verify(job_id, report.incarnation, report.rank, report.secret):
+                raise AuthenticationError(BAD_CREDENTIALS)
+            job = job or self.registry.get_or_create(job_id)
+            job.rebuild(report)
+        rt = self.runtime(job)
+        member = job.reregister(report)
+        if job.recovering:
+            rt.usable.clear()  # the runtime may predate the rebuild (a stray key/value call made it)
+        else:
+            rt.usable.set()
+        return rt, member
 
     def close_stream(self, rt: JobRuntime, member: Member, stream: Stream) -> None:
         """A Watch stream ended; if it was the member's current one and it had not left, it failed."""
@@ -243,8 +296,13 @@ class Hub:
         timeout = self.options.heartbeat_timeout
         for job in self.registry.jobs():
             expired = job.expired(timeout)
-            if expired:
-                self.fail(self.runtime(job), [m.rank for m in expired], f"missed heartbeats for {timeout:g}s")
+            silent = [m.rank for m in expired if m.registered]
+            if silent:
+                self.fail(self.runtime(job), silent, f"missed heartbeats for {timeout:g}s")
+            absent = [m.rank for m in expired if not m.registered]
+            if absent:
+                reason = f"did not re-register within {timeout:g}s after the coordinator restarted"
+                self.fail(self.runtime(job), absent, reason)
 
     async def monitor(self) -> None:
         """Runs :meth:`check_heartbeats` every half heartbeat interval until cancelled."""
@@ -255,3 +313,15 @@ class Hub:
                 self.check_heartbeats()
             except Exception:  # a bug here must not stop liveness checking for every job
                 log.exception("heartbeat monitor failed")
+
+
+def hub_secrets(options: CoordinatorOptions) -> MemberSecrets:
+    """Member secrets under a key this coordinator gets again when restarted with the same token or
+    TLS key (see :mod:`collsvc.server.state.credentials`); a random key when it has neither."""
+    tls_key = None
+    if options.tls is not None:
+        with open(options.tls.key, "rb") as handle:
+            tls_key = handle.read()
+    if not options.token and not tls_key:
+        return MemberSecrets.random()
+    return MemberSecrets(member_key(options.token, tls_key))

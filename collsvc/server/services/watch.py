@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from collsvc.observability.stats import keep_latest
 from collsvc.server.interceptors import Context
 from collsvc.server.services.convert import progress_tuples
 from collsvc.server.services.hub import Hub, Stream
@@ -26,6 +27,8 @@ async def _read_heartbeats(job: Job, member: Member, stream: Stream, context: Co
             if request is _EOF:
                 break
             job.heartbeat(member, progress_tuples(request.progress))
+            if request.stats:
+                keep_latest(member.stats, request.stats)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the call broke; the reason is not ours to report
@@ -49,7 +52,7 @@ async def watch(hub: Hub, context: Context) -> None:
     rt, member = hub.authenticate(first.job_id, first.rank, first.member_secret)
     job = rt.job
     job.heartbeat(member, progress_tuples(first.progress))
-    stream = hub.open_stream(rt, member)
+    stream = hub.open_stream(rt, member, first.last_event_seq)
     log.debug("job %s rank %d (%s): watching", job.job_id, member.rank, member.host)
     reader = asyncio.ensure_future(_read_heartbeats(job, member, stream, context))
     try:

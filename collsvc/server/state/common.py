@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 # Monotonic seconds; injected so that tests drive time by hand.
 Clock = Callable[[], float]
@@ -65,14 +66,19 @@ class Member:
     pid: int
     requested_rank: int | None
     local_rank_hint: int | None
-    secret: str
+    secret: str = ""
+    join_key: str = ""  # the idempotency key of its Join: a retried Join finds this member again
     rank: int = -1
     local_rank: int = -1
     local_size: int = 0
     node_rank: int = -1
     state: MemberState = MemberState.JOINING
     last_heartbeat: float = 0.0
+    # False for a member of a rebuilt job (coordinator restart) until it re-registers.
+    registered: bool = True
     progress: dict[str, ProgressRecord] = field(default_factory=dict)
+    # (op, group) -> the member's latest running totals (a CollectiveStats message) from its heartbeats.
+    stats: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     @property
     def gone(self) -> bool:

@@ -1,38 +1,35 @@
-"""One job: membership, rank assignment, member states, groups, progress and its failure record.
+"""One job: its lifecycle, members, groups, barriers, key/value store and failure record.
 
 Every operation is O(1) per request except the one-off work when the job completes (rank assignment,
-O(n log n)) and the rare reports that by nature list members (timeouts, progress, status).
+O(n log n)) and the rare reports that by nature list members (timeouts, progress, status). The phase
+changes only through :mod:`collsvc.server.state.lifecycle`; joining lives in
+:mod:`collsvc.server.state.roster`, and what went wrong in :mod:`collsvc.server.state.failures`.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-import secrets
-from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any
+from collections.abc import Collection, Iterable, Sequence
 
-from collsvc.errors import (
-    AbortedError,
-    AuthenticationError,
-    CollectiveMismatchError,
-    RankFailedError,
-    RendezvousError,
-    ResourceLimitError,
-)
+from collsvc.errors import AbortedError, AuthenticationError, RendezvousError
+from collsvc.observability.stats import Histogram
 from collsvc.server.state.barriers import BarrierBook
 from collsvc.server.state.common import (
     Clock,
-    Device,
     Member,
     MemberState,
     NotFoundError,
     ProgressRecord,
     WaitingInfo,
 )
+from collsvc.server.state.credentials import MemberSecrets
+from collsvc.server.state.failures import FailureRecord
 from collsvc.server.state.groups import Groups
 from collsvc.server.state.kvstore import KVStore
-from collsvc.server.state.ranks import assign_ranks
+from collsvc.server.state.lifecycle import JobAction, JobPhase, Lifecycle
+from collsvc.server.state.recovery import Reregistration, placeholder
+from collsvc.server.state.roster import JoinRequest, Roster
 from collsvc.types import Limits
 
 log = logging.getLogger(__name__)
@@ -45,11 +42,7 @@ _MAX_PROGRESS_GROUPS = 1024
 _MAX_OP_CHARS = 1024
 
 
-def _default_secret() -> str:
-    return secrets.token_hex(16)
-
-
-class Job:
+class Job(FailureRecord):
     """A job on the coordinator, from its first request until every member left or failed.
 
     Args:
@@ -57,155 +50,191 @@ class Job:
         clock: monotonic seconds.
         limits: sizes checked before anything is stored.
         incarnation: a random 64-bit number naming this instance of the job.
-        make_secret: makes each member's secret (injectable for tests).
+        secrets: makes and checks the members' secrets.
     """
 
-    def __init__(
-        self,
-        job_id: str,
-        *,
-        clock: Clock,
-        limits: Limits,
-        incarnation: int,
-        make_secret: Callable[[], str] = _default_secret,
-    ) -> None:
+    def __init__(self, job_id: str, *, clock: Clock, limits: Limits, incarnation: int, secrets: MemberSecrets) -> None:
+        super().__init__(job_id)
         self.job_id = job_id
         self.incarnation = incarnation
         self._clock = clock
         self._limits = limits
-        self._make_secret = make_secret
-        self.world_size: int | None = None
-        self.complete = False
+        self._secrets = secrets
+        self.lifecycle = Lifecycle(job_id)
+        self._roster = Roster(job_id, limits)
         self.num_nodes = 0
         self.members: list[Member] = []  # by rank, once complete
-        self._pending: dict[int, Member] = {}  # by arrival, until complete
-        self._requested: dict[int, Member] = {}
-        self._arrivals = 0
         self.kv = KVStore(limits)
         self.barriers = BarrierBook()
         self._groups = Groups(0, limits.max_keys_per_job)
-        self.failed_ranks: list[int] = []
-        self.failure_reason = ""
-        self.left_ranks: dict[int, None] = {}  # ordered set
-        self.abort_reason: str | None = None
-        self.abort_rank = -1
-        self.mismatch: dict[str, Any] = {}
-        self.mismatch_reason = ""
         self.version = 0  # bumped whenever a member's state changes (GetMembers cache key)
         self._gone = 0
+        self._unregistered: set[int] = set()  # ranks of a rebuilt job that have not re-registered
+        self.event_seq = 0  # the number of the last Watch event of this job
+        self.barrier_waits: dict[str, Histogram] = {}  # group -> seconds members waited in barriers
+
+    # ----------------------------------------------------------------------------------- phases
+
+    @property
+    def phase(self) -> JobPhase:
+        return self.lifecycle.phase
+
+    @property
+    def complete(self) -> bool:
+        """Whether every member has its rank (the job ran, or is being rebuilt after a restart)."""
+        return bool(self.members)
+
+    @property
+    def recovering(self) -> bool:
+        return self.lifecycle.phase is JobPhase.RECOVERING
+
+    @property
+    def state(self) -> str:
+        """ "joining", "running", "recovering", "failed" or "aborted"."""
+        return self.lifecycle.phase.value
+
+    @property
+    def world_size(self) -> int | None:
+        return len(self.members) if self.members else self._roster.world_size
+
+    def _fail_phase(self) -> None:
+        if self.recovering:
+            self.finish_recovery()
+        self.lifecycle.apply(JobAction.FAIL)
+
+    def _abort_phase(self) -> None:
+        if self.recovering:
+            self.finish_recovery()
+        self.lifecycle.apply(JobAction.ABORT)
 
     # ----------------------------------------------------------------------------------- joining
 
     def pending_members(self) -> list[Member]:
         """Members waiting for the job to complete, in arrival order."""
-        return list(self._pending.values())
+        return self._roster.pending()
 
     @property
     def joined(self) -> int:
         """How many members have joined so far."""
-        return len(self.members) if self.complete else len(self._pending)
+        return len(self.members) if self.complete else len(self._roster)
 
-    def join(
-        self,
-        *,
-        world_size: int,
-        requested_rank: int | None,
-        host: str,
-        peer_address: str,
-        device: Device,
-        pid: int,
-        local_rank_hint: int | None,
-    ) -> Member:
+    def not_joined(self) -> list[int] | None:
+        """While joining, the ranks no member has asked for yet; None when that is unknown.
+
+        Known only when every waiting member asked for its rank (``COLLSVC_RANK``, a Kubernetes
+        completion index); ranks the coordinator assigns exist only once everybody has joined.
+        """
+        return None if self.complete else self._roster.not_joined()
+
+    def join(self, request: JoinRequest) -> Member:
         """Adds a member; completes the job (assigns every rank) when it is the last one.
+
+        A Join retried with the idempotency key of an earlier one returns that one's member.
 
         Returns:
             The member; its rank is set once ``complete`` is true.
 
         Raises:
             AbortedError: the job was aborted.
-            ValueError: world_size below 1, or a requested rank outside ``[0, world_size)``.
-            ResourceLimitError: world_size above the coordinator's limit.
-            RendezvousError: world sizes disagree, the requested rank is taken, or the job is full.
+            ValueError, ResourceLimitError, RendezvousError: see :meth:`Roster.check`.
         """
+        retried = self._roster.retry_of(request)
+        if retried is not None:
+            return retried
         if self.abort_reason is not None:
             raise AbortedError(f"job {self.job_id!r} was aborted: {self.abort_reason}", self.abort_reason)
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if world_size > self._limits.max_world_size:
-            raise ResourceLimitError(
-                f"world_size {world_size} exceeds this coordinator's limit of {self._limits.max_world_size}"
-            )
-        if self.world_size is not None and world_size != self.world_size:
-            raise RendezvousError(
-                f"job {self.job_id!r} has world_size {self.world_size} but a member on host {host!r} "
-                f"asked for world_size {world_size}; every member must use the same world size"
-            )
-        if self.complete or len(self._pending) >= world_size:
-            raise RendezvousError(
-                f"job {self.job_id!r} is full: all {world_size} members already joined "
-                f"(state {self.state}); use another job id or wait until the job ends"
-            )
-        if requested_rank is not None:
-            if not 0 <= requested_rank < world_size:
-                raise ValueError(f"requested rank {requested_rank} is outside [0, {world_size})")
-            holder = self._requested.get(requested_rank)
-            if holder is not None:
-                raise RendezvousError(
-                    f"rank {requested_rank} of job {self.job_id!r} is already taken by a member on host "
-                    f"{holder.host!r} (pid {holder.pid}); a member on host {host!r} (pid {pid}) "
-                    "asked for it too"
-                )
-        self.world_size = world_size
-        member = Member(
-            arrival=self._arrivals,
-            host=host,
-            peer_address=peer_address,
-            device=device,
-            pid=pid,
-            requested_rank=requested_rank,
-            local_rank_hint=local_rank_hint,
-            secret=self._make_secret(),
-        )
-        self._arrivals += 1
-        self._pending[member.arrival] = member
-        if requested_rank is not None:
-            self._requested[requested_rank] = member
-        if len(self._pending) == world_size:
+        self._roster.check(request, full=self.complete, state=self.state)
+        member = self._roster.admit(request)
+        if self._roster.full:
             self._complete()
         return member
 
     def _complete(self) -> None:
-        pending = list(self._pending.values())
-        keys = [(m.host, m.requested_rank, m.local_rank_hint, m.pid, m.arrival) for m in pending]
-        placements, num_nodes = assign_ranks(keys, len(pending))
-        self.members = [pending[0]] * len(pending)
-        now = self._clock()
-        for member, place in zip(pending, placements, strict=True):
-            member.rank = place.rank
-            member.local_rank = place.local_rank
-            member.local_size = place.local_size
-            member.node_rank = place.node_rank
-            member.state = MemberState.ALIVE
-            # Members that never open a heartbeat stream are still covered: their clock starts now.
-            member.last_heartbeat = now
-            self.members[place.rank] = member
-        self.num_nodes = num_nodes
+        self.members, self.num_nodes = self._roster.assign(self._clock())
+        for member in self.members:
+            member.secret = self._secrets.secret(self.job_id, self.incarnation, member.rank)
         self._groups.world_size = len(self.members)
-        self._pending.clear()
-        self._requested.clear()
-        self.complete = True
+        self.lifecycle.apply(JobAction.COMPLETE)
         self.version += 1
-        log.info("job %s: complete with %d ranks on %d hosts", self.job_id, len(self.members), num_nodes)
+        log.info("job %s: complete with %d ranks on %d hosts", self.job_id, len(self.members), self.num_nodes)
 
     def cancel_join(self, member: Member) -> bool:
         """Withdraws a member whose join timed out or was cancelled; returns whether it was pending."""
-        if self.complete or self._pending.pop(member.arrival, None) is None:
-            return False
-        if member.requested_rank is not None:
-            self._requested.pop(member.requested_rank, None)
-        if not self._pending:
-            self.world_size = None  # nobody is waiting: the next joiner may choose again
-        return True
+        return not self.complete and self._roster.withdraw(member)
+
+    # ------------------------------------------------------------------------------- recovery
+
+    def rebuild(self, first: Reregistration) -> None:
+        """Turns a new, empty job into the running job ``first`` belongs to (the coordinator restarted).
+
+        Every rank gets a placeholder whose heartbeat clock starts now: a member that does not
+        re-register within the heartbeat timeout is failed like any silent member.
+
+        Raises:
+            RendezvousError: the job already has members or a joining member.
+        """
+        if self.complete or len(self._roster) or self.phase is not JobPhase.JOINING:
+            raise RendezvousError(f"job {self.job_id!r} is already {self.state} on this coordinator")
+        self.lifecycle = Lifecycle(self.job_id, JobPhase.RECOVERING)
+        self.incarnation = first.incarnation
+        self.num_nodes = first.num_nodes
+        now = self._clock()
+        self.members = [placeholder(rank, now) for rank in range(first.world_size)]
+        for member in self.members:
+            member.secret = self._secrets.secret(self.job_id, self.incarnation, member.rank)
+        self._groups.world_size = first.world_size
+        self._unregistered = set(range(first.world_size))
+        self.version += 1
+        log.warning("job %s: rebuilding %d ranks from their re-registrations", self.job_id, first.world_size)
+
+    def reregister(self, report: Reregistration) -> Member:
+        """Takes back a member of a rebuilt job (or confirms one that is already known).
+
+        Raises:
+            AuthenticationError: the secret is not this rank's (one message for every mismatch).
+            RendezvousError: the report names another instance or world size of this job.
+        """
+        if not self.complete:
+            raise RendezvousError(f"job {self.job_id!r} is {self.state} on this coordinator, not running")
+        if report.incarnation != self.incarnation or report.world_size != len(self.members):
+            raise RendezvousError(
+                f"job {self.job_id!r} on this coordinator is another instance (incarnation {self.incarnation:x}, "
+                f"{len(self.members)} ranks) than rank {report.rank}'s ({report.incarnation:x}, {report.world_size})"
+            )
+        member = self.authenticate(report.rank, report.secret)
+        if member.registered:
+            return member  # a retry, or a reconnect to a coordinator that never went away
+        report.fill(member)
+        member.last_heartbeat = self._clock()
+        for group, generation in report.barriers:
+            self.barriers.mark_completed(group, generation)
+        for rank in report.left_ranks:
+            if 0 <= rank < len(self.members) and not self.members[rank].gone:
+                self.leave(self.members[rank])
+                self._unregistered.discard(rank)
+        self.event_seq = max(self.event_seq, report.last_event_seq)
+        self._unregistered.discard(member.rank)
+        self.version += 1
+        if not self._unregistered and self.recovering:
+            self.finish_recovery()
+        return member
+
+    def finish_recovery(self) -> list[Member]:
+        """Ends the rebuild (all re-registered, or a failure cannot wait); returns who never re-registered."""
+        missing = [self.members[rank] for rank in sorted(self._unregistered)]
+        self._unregistered.clear()
+        self.lifecycle.apply(JobAction.RECOVERED)
+        log.warning(
+            "job %s: rebuilt after the coordinator restart%s",
+            self.job_id,
+            f"; ranks {[m.rank for m in missing]} never re-registered" if missing else "",
+        )
+        return missing
+
+    def next_event_seq(self) -> int:
+        """Numbers the next Watch event of this job (after every number the members saw before)."""
+        self.event_seq += 1
+        return self.event_seq
 
     # ------------------------------------------------------------------------------ membership
 
@@ -216,8 +245,7 @@ class Job:
             RendezvousError: the job is not complete yet.
             ValueError: no such rank.
         """
-        if not self.complete:
-            raise RendezvousError(f"job {self.job_id!r} has not completed its rendezvous yet")
+        self._require_complete()
         if not 0 <= rank < len(self.members):
             raise ValueError(f"rank {rank} is outside [0, {len(self.members)}) of job {self.job_id!r}")
         return self.members[rank]
@@ -269,17 +297,13 @@ class Job:
 
     def fail(self, ranks: Iterable[int], reason: str) -> list[Member]:
         """Marks the members ``ranks`` FAILED and the job failed; returns the members newly failed."""
-        failed = []
-        for rank in ranks:
-            member = self.member(rank)
-            if member.gone:
-                continue
+        failed = [m for m in (self.member(rank) for rank in ranks) if not m.gone]
+        if not failed:
+            return []
+        self._fail_phase()
+        for member in failed:
             self._set_state(member, MemberState.FAILED)
-            self.failed_ranks.append(rank)
-            failed.append(member)
-            log.warning("job %s rank %d (%s): failed: %s", self.job_id, rank, member.host, reason)
-        if failed and not self.failure_reason:
-            self.failure_reason = reason
+        self.record_failed(failed, reason)
         return failed
 
     def expired(self, timeout: float) -> list[Member]:
@@ -289,50 +313,21 @@ class Job:
         limit = self._clock() - timeout
         return [m for m in self.members if m.state == MemberState.ALIVE and m.last_heartbeat < limit]
 
-    def abort(self, reason: str, rank: int) -> bool:
-        """Aborts the job; returns False when it was already aborted."""
-        if self.abort_reason is not None:
-            return False
-        self.abort_reason = reason or "aborted"
-        self.abort_rank = rank
-        self.version += 1
-        log.warning("job %s: aborted by rank %d: %s", self.job_id, rank, self.abort_reason)
-        return True
-
-    def merge_mismatch(self, details: dict[str, Any], reason: str) -> dict[str, Any]:
-        """Merges one reporter's ``{rank: signature}`` map into the job's; returns the merged map."""
-        self.mismatch.update(details)
-        if not self.mismatch_reason:
-            self.mismatch_reason = reason or "collective mismatch"
-        return self.mismatch
-
     @property
     def finished(self) -> bool:
         """True when nobody is left: every member left or failed (or nobody joined and no data)."""
         if self.complete:
             return self._gone >= len(self.members)
-        return not self._pending and len(self.kv) == 0
+        return not len(self._roster) and len(self.kv) == 0
 
-    @property
-    def state(self) -> str:
-        """ "joining", "running", "failed" or "aborted"."""
-        if self.abort_reason is not None:
-            return "aborted"
-        if self.failed_ranks or self.mismatch:
-            return "failed"
-        return "running" if self.complete else "joining"
+    # ------------------------------------------------------------------------------- metrics
 
-    @property
-    def failure_text(self) -> str:
-        """A one-line account of what went wrong, "" when nothing did."""
-        parts = []
-        if self.abort_reason is not None:
-            parts.append(f"aborted by rank {self.abort_rank}: {self.abort_reason}")
-        if self.failed_ranks:
-            parts.append(f"ranks {self.failed_ranks} failed: {self.failure_reason}")
-        if self.mismatch:
-            parts.append(f"collective mismatch: {self.mismatch_reason}")
-        return "; ".join(parts)
+    def record_barrier_wait(self, group: str, seconds: float) -> None:
+        """Records how long one member waited in a barrier of ``group`` (bounded: groups are bounded)."""
+        histogram = self.barrier_waits.get(group)
+        if histogram is None:
+            histogram = self.barrier_waits[group] = Histogram()
+        histogram.observe(seconds)
 
     # ------------------------------------------------------------------------ groups, barriers
 
@@ -358,6 +353,9 @@ class Job:
         except NotFoundError:
             raise NotFoundError(f"job {self.job_id!r} has no group {name!r}") from None
 
+    def group_contains(self, name: str, rank: int) -> bool:
+        return self._groups.contains(name, rank)
+
     def new_group(self, name: str, ranks: Sequence[int]) -> None:
         """Registers group ``name``; see :meth:`Groups.add` for the errors."""
         self._require_complete()
@@ -366,37 +364,6 @@ class Job:
     def find_group(self, name: str) -> tuple[int, ...] | None:
         """The ranks of group ``name``, or None."""
         return self._groups.find(name) if self.complete else None
-
-    def check_healthy(self, group: str) -> None:
-        """Raises the error every collective step in ``group`` must end with, if the job is broken.
-
-        Raises:
-            AbortedError: the job was aborted.
-            RankFailedError: a member failed, or a member of ``group`` left.
-            CollectiveMismatchError: a member reported mismatched collectives.
-        """
-        if self.abort_reason is not None:
-            raise AbortedError(
-                f"job {self.job_id!r} was aborted by rank {self.abort_rank}: {self.abort_reason}",
-                self.abort_reason,
-            )
-        if self.failed_ranks:
-            hosts = [self.members[r].host for r in self.failed_ranks]
-            raise RankFailedError(
-                f"job {self.job_id!r}: rank(s) {self.failed_ranks} on {hosts} failed: {self.failure_reason}",
-                self.failed_ranks,
-                hosts,
-            )
-        if self.left_ranks:
-            left = [r for r in self.left_ranks if self._groups.contains(group, r)]
-            if left:
-                hosts = [self.members[r].host for r in left]
-                raise RankFailedError(
-                    f"job {self.job_id!r}: rank(s) {left} on {hosts} left group {group!r}", left, hosts
-                )
-        if self.mismatch:
-            details = {int(k): v for k, v in self.mismatch.items() if str(k).lstrip("-").isdigit()}
-            raise CollectiveMismatchError(f"job {self.job_id!r}: {self.mismatch_reason}", details)
 
     def barrier_arrive(self, group: str, generation: int, rank: int) -> bool:
         """Records ``rank`` at barrier ``(group, generation)``; returns whether it is complete.

@@ -52,6 +52,23 @@ class KVStore:
         self._check_room(key)
         self._data[key] = bytes(value)
 
+    def restore(self, key: str, value: bytes) -> None:
+        """Stores ``value`` a member wrote before the coordinator restarted, unless ``key`` holds one
+        already: then a decimal counter keeps the larger of the two, anything else the stored value.
+
+        Raises:
+            ValueError, ResourceLimitError: as :meth:`set`.
+        """
+        current = self.get(key)
+        if current is None:
+            self.set(key, value)
+            return
+        try:
+            if int(value.decode("ascii")) > int(current.decode("ascii")):
+                self.set(key, value)
+        except (UnicodeDecodeError, ValueError):
+            return  # not both counters: the first restored value stays
+
     def get(self, key: str) -> bytes | None:
         """The value of ``key``, or None."""
         self._check_key(key)

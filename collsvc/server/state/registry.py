@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from collsvc.errors import ResourceLimitError
 from collsvc.server.state.common import Clock, NotFoundError
+from collsvc.server.state.credentials import MemberSecrets
 from collsvc.server.state.jobs import Job
 from collsvc.types import Limits
 
@@ -28,9 +29,18 @@ class Registry:
         clock: monotonic seconds, handed to every job.
         limits: sizes and counts; ``max_jobs`` bounds how many jobs exist at once.
         incarnation: makes each job instance's random 64-bit incarnation number.
+        secrets: makes and checks member secrets (random key by default: jobs do not outlive this).
     """
 
-    def __init__(self, *, clock: Clock, limits: Limits, incarnation: Callable[[], int] = _random_incarnation) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        limits: Limits,
+        incarnation: Callable[[], int] = _random_incarnation,
+        secrets: MemberSecrets | None = None,
+    ) -> None:
+        self.secrets = secrets or MemberSecrets.random()
         self._clock = clock
         self._limits = limits
         self._incarnation = incarnation
@@ -68,7 +78,7 @@ class Registry:
             raise ValueError("job_id must not be empty")
         if len(self._jobs) >= self._limits.max_jobs:
             raise ResourceLimitError(f"this coordinator already holds the maximum of {self._limits.max_jobs} jobs")
-        job = Job(job_id, clock=self._clock, limits=self._limits, incarnation=self._incarnation())
+        job = Job(job_id, clock=self._clock, limits=self._limits, incarnation=self._incarnation(), secrets=self.secrets)
         self._jobs[job_id] = job
         log.debug("job %s: created (incarnation %x)", job_id, job.incarnation)
         return job

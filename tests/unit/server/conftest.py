@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 import pytest
 
 from collsvc.server.state.common import Device
+from collsvc.server.state.credentials import MemberSecrets
 from collsvc.server.state.jobs import Job
+from collsvc.server.state.roster import JoinRequest
 from collsvc.types import Limits
 
 
@@ -30,16 +31,8 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def make_job(clock: FakeClock) -> Callable[..., Job]:
-    counter = itertools.count()
-
     def make(job_id: str = "job", limits: Limits | None = None) -> Job:
-        return Job(
-            job_id,
-            clock=clock,
-            limits=limits or Limits(),
-            incarnation=42,
-            make_secret=lambda: f"secret-{next(counter)}",
-        )
+        return Job(job_id, clock=clock, limits=limits or Limits(), incarnation=42, secrets=MemberSecrets(b"key"))
 
     return make
 
@@ -55,4 +48,4 @@ def join(job: Job, world_size: int, host: str = "h", **kw: object) -> object:
         local_rank_hint=None,
     )
     args.update(kw)
-    return job.join(**args)  # type: ignore[arg-type]
+    return job.join(JoinRequest(**args))  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from typing import Any
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.hub import Hub, Stream
 from collsvc.server.state.common import Device, MemberState
+from collsvc.server.state.roster import JoinRequest
 from collsvc.types import CoordinatorOptions
 
 from .conftest import FakeClock
@@ -27,13 +28,15 @@ def _job(hub: Hub, n: int) -> tuple[Any, list[Any]]:
     rt = hub.find_or_create("j")
     for i in range(n):
         rt.job.join(
-            world_size=n,
-            requested_rank=i,
-            host=f"h{i}",
-            peer_address="",
-            device=Device(),
-            pid=i,
-            local_rank_hint=None,
+            JoinRequest(
+                world_size=n,
+                requested_rank=i,
+                host=f"h{i}",
+                peer_address="",
+                device=Device(),
+                pid=i,
+                local_rank_hint=None,
+            )
         )
     return rt, rt.job.members
 
@@ -62,10 +65,28 @@ def test_late_stream_replays_past_failures(clock: FakeClock) -> None:
     rt, members = _job(hub, 3)
     hub.fail(rt, [1], "crashed")
     hub.abort(rt, members[0], "user abort")
-    kinds = [e.kind for e in _drain(hub.open_stream(rt, members[2]))]
-    assert kinds == [
+    events = _drain(hub.open_stream(rt, members[2]))
+    # In the order they happened, numbered from 1 (WATCHING belongs to the stream: 0).
+    assert [(e.kind, e.seq) for e in events] == [
+        (Events.EVENT_KIND_WATCHING, 0),
+        (Events.EVENT_KIND_MEMBER_FAILED, 1),
+        (Events.EVENT_KIND_JOB_ABORTED, 2),
+    ]
+
+
+def test_a_reconnecting_stream_gets_only_the_events_it_missed(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(), clock=clock)
+    rt, members = _job(hub, 4)
+    first = hub.open_stream(rt, members[0])
+    hub.leave(rt, members[3])
+    seen = [e.seq for e in _drain(first)]
+    assert seen == [0, 1]
+    hub.fail(rt, [2], "crashed")  # while rank 0 is reconnecting: it must get this one, and only it
+    events = _drain(hub.open_stream(rt, members[0], last_event_seq=1))
+    assert [(e.kind, e.seq) for e in events] == [(Events.EVENT_KIND_WATCHING, 0), (Events.EVENT_KIND_MEMBER_FAILED, 2)]
+    # The member that left is not told of its own leave when it reconnects.
+    assert [e.kind for e in _drain(hub.open_stream(rt, members[3]))] == [
         Events.EVENT_KIND_WATCHING,
-        Events.EVENT_KIND_JOB_ABORTED,
         Events.EVENT_KIND_MEMBER_FAILED,
     ]
 
