@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from collsvc import config
-from collsvc.cli import DEFAULT_COORDINATOR, EXIT_FAILURE, EXIT_OK, UsageError, read_token_file
+from collsvc._cli_common import DEFAULT_COORDINATOR, EXIT_FAILURE, EXIT_OK, UsageError, read_token_file
 from collsvc.types import CoordinatorOptions, TlsFiles
 
 # -- coordinator -----------------------------------------------------------------------------------
@@ -51,6 +51,8 @@ def coordinator_options(args: argparse.Namespace) -> CoordinatorOptions:
     """
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be in [0, 65535], got {args.metrics_port}")
     token = read_token_file(args.token_file)
     tls = _tls_from_args(args)
     options = CoordinatorOptions(
@@ -61,6 +63,7 @@ def coordinator_options(args: argparse.Namespace) -> CoordinatorOptions:
         insecure=args.insecure,
         heartbeat_interval=args.heartbeat_interval,
         heartbeat_timeout=args.heartbeat_timeout,
+        metrics_port=args.metrics_port,
     )
     from collsvc.server.app import check_security
 
@@ -121,8 +124,12 @@ def coordinator_command(args: argparse.Namespace) -> int:
         listening = True
         print(f"collsvc coordinator listening on {_hostport(options.host, port)}", file=sys.stderr, flush=True)
 
+    def metrics_ready(port: int) -> None:
+        where = _hostport(options.host, port)
+        print(f"collsvc coordinator metrics on http://{where}/metrics", file=sys.stderr, flush=True)
+
     try:
-        asyncio.run(serve(options, ready=ready))
+        asyncio.run(serve(options, ready=ready, metrics_ready=metrics_ready))
     except KeyboardInterrupt:  # before serve() installed its signal handlers
         return 130
     except ValueError as exc:
@@ -197,6 +204,7 @@ def status_to_dict(response: Any) -> dict[str, Any]:
     jobs = []
     for job in response.jobs:
         progress = list(job.progress) if len(job.progress) == len(job.members) else []
+        world_stats = list(job.world_stats) if len(job.world_stats) == len(job.members) else []
         members = []
         for i, m in enumerate(job.members):
             entry: dict[str, Any] = {
@@ -219,6 +227,8 @@ def status_to_dict(response: Any) -> dict[str, Any]:
                     "finished_seq": p.finished_seq,
                     "last_op": p.last_op,
                 }
+            if world_stats:  # the time each rank spent in "world" collectives (observability/live.py)
+                entry["collectives"] = {"count": world_stats[i].count, "seconds": round(world_stats[i].seconds, 6)}
             members.append(entry)
         jobs.append(
             {
@@ -247,6 +257,10 @@ def format_status(data: dict[str, Any]) -> str:
     for job in data["jobs"]:
         members = job["members"]
         lines.append(f"job {job['job_id']}: {job['state']}, world size {job['world_size']}, {len(members)} joined")
+        if job["state"] == "joining":
+            from collsvc.client.rendezvous import describe_not_joined
+
+            lines.append("  " + describe_not_joined(job["world_size"], [m["rank"] for m in members]))
         if job["failure"]:
             lines.append(f"  failure: {job['failure']}")
         if job["groups"]:
@@ -276,7 +290,7 @@ def format_status(data: dict[str, Any]) -> str:
 
 
 def status_command(args: argparse.Namespace) -> int:
-    """Prints the coordinator's jobs as a table (or JSON with ``--json``).
+    """Prints the coordinator's jobs as a table (or JSON with ``--json``; a live table with ``--watch``).
 
     Returns:
         0 on success; 1 when the coordinator is unreachable, too slow, or refuses the token.

@@ -1,4 +1,4 @@
-"""The ``collsvc`` command: ``run``, ``coordinator``, ``status``, ``health`` and ``bench``.
+"""The ``collsvc`` command: ``run``, ``coordinator``, ``status``, ``health``, ``bench``, ``diagnose``, ``timeline``.
 
 Exit codes: 0 success; 1 failure (a rank failed, the coordinator could not bind or is unreachable,
 not serving); 2 bad usage (argparse errors, an unauthenticated non-loopback coordinator, missing
@@ -16,15 +16,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-DEFAULT_COORDINATOR = "127.0.0.1:29400"
+from collsvc._cli_common import (
+    DEFAULT_COORDINATOR,
+    EXIT_USAGE,
+    UsageError,
+    read_token_file,
+)
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-class UsageError(Exception):
-    """A usage problem found after parsing (printed as one line, exit code 2)."""
 
 
 def _positive_float(text: str) -> float:
@@ -120,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="stop every rank when the job runs longer than this; exit 124 (default: no limit)",
     )
+    # Elastic jobs (collsvc/elastic/launch.py).
+    run.add_argument(
+        "--min-ranks",
+        type=int,
+        metavar="M",
+        help="elastic: a failed rank does not stop the others while at least M ranks remain (default: off)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="elastic: start a replacement for a failed rank, up to K in total; collsvc.elastic.run admits it "
+        "(default: 0)",
+    )
     run.add_argument(
         "-m",
         "--module",
@@ -161,12 +175,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="the interval members are expected to beat at; the coordinator checks every S/2 seconds "
         "(members set theirs with COLLSVC_HEARTBEAT_INTERVAL; default: 1)",
     )
+    coord.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="also serve Prometheus /metrics on this port of --host (0 picks a free one; default: off)",
+    )
     _add_log_level(coord)
 
     status = sub.add_parser("status", help="show jobs, groups, ranks, hosts and heartbeats of a coordinator")
     _add_client_args(status)
     status.add_argument("--job", default="", help="only this job (default: every job)")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from collsvc._cli_observe import add_parsers, add_status_watch_args
+
+    add_status_watch_args(status)
 
     health = sub.add_parser(
         "health",
@@ -188,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
     bench.add_argument("--plot", metavar="FILE", help="also plot bus bandwidth to FILE (needs matplotlib)")
     bench.add_argument("--check", action="store_true", help="verify every result")
+    add_parsers(sub)  # diagnose, timeline
     return parser
 
 
@@ -195,29 +219,6 @@ def _setup_logging(level: str) -> None:
     import logging
 
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-
-def read_token_file(path: str | None) -> str | None:
-    """The stripped contents of ``path``, else the token from the environment (``collsvc.config``).
-
-    Raises:
-        UsageError: the file cannot be read or is empty.
-    """
-    from collsvc import config
-
-    if path is None:
-        try:
-            return config.read_token(None, os.environ)
-        except OSError as exc:
-            raise UsageError(f"cannot read $COLLSVC_TOKEN_FILE: {exc}") from exc
-    try:
-        with open(path, encoding="utf-8") as handle:
-            token = handle.read().strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read token file {path}: {exc.strerror or exc}") from exc
-    if not token:
-        raise UsageError(f"token file {path} is empty")
-    return token
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -246,9 +247,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             job_id=args.job_id,
             grace=args.grace,
             timeout=args.timeout,
+            min_ranks=args.min_ranks,
+            max_restarts=args.max_restarts,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if spec.elastic:
+        from collsvc.elastic.launch import ElasticLauncher
+
+        return launch(spec, ElasticLauncher(spec))
     return launch(spec)
 
 
@@ -274,10 +281,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from collsvc._cli_remote import coordinator_command
 
             return coordinator_command(args)
+        if args.command == "status" and getattr(args, "watch", False):
+            from collsvc._cli_observe import watch_status
+
+            return watch_status(args)
         if args.command == "status":
             from collsvc._cli_remote import status_command
 
             return status_command(args)
+        if args.command in ("diagnose", "timeline"):
+            from collsvc._cli_observe import diagnose_command, timeline_command
+
+            return diagnose_command(args) if args.command == "diagnose" else timeline_command(args)
         if args.command == "health":
             from collsvc._cli_remote import health_command
 
