@@ -29,10 +29,11 @@ DOCKER = ROOT / "docker"
 K8S = ROOT / "deploy" / "k8s"
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
 COMPOSE_FILES = [DOCKER / "compose.yaml", DOCKER / "compose.multihost.yaml", DOCKER / "compose.gpu.yaml"]
-KUSTOMIZATIONS = {"base": K8S / "base", "gpu": K8S / "overlays" / "gpu"}
+KUSTOMIZATIONS = {"base": K8S / "base", "gpu": K8S / "overlays" / "gpu", "large": K8S / "overlays" / "large"}
 TOOLS = Path(os.environ.get("COLLSVC_DEPLOY_TOOLS", Path.home() / ".cache" / "collsvc-deploy-tools"))
 
 COORDINATOR_PORT = 29400
+METRICS_PORT = 9464  # the coordinator's Prometheus /metrics (docs/observability.md)
 PEER_PORT = 29500
 WORKER_SCRIPT = "/app/examples/train_data_parallel.py"
 # The environment a worker may be configured with (docs/deploy.md, collsvc/config.py).
@@ -283,7 +284,7 @@ def test_k8s_worker_wiring(name: str) -> None:
 
     # Coordinator address = the coordinator Service's name and port.
     coord_svc = one(docs, "Service", "collsvc-coordinator")
-    (svc_port,) = coord_svc["spec"]["ports"]
+    (svc_port,) = [p for p in coord_svc["spec"]["ports"] if p["name"] == "grpc"]
     assert svc_port["port"] == COORDINATOR_PORT
     assert env["COLLSVC_COORDINATOR"]["value"] == f"collsvc-coordinator:{COORDINATOR_PORT}"
 
@@ -314,7 +315,11 @@ def test_k8s_coordinator(name: str) -> None:
     assert args[:1] == ["coordinator"]
     assert args[args.index("--port") + 1] == str(COORDINATOR_PORT)
     assert args[args.index("--host") + 1] == "0.0.0.0"
-    assert [p["containerPort"] for p in c["ports"]] == [COORDINATOR_PORT]
+    assert [p["containerPort"] for p in c["ports"]] == [COORDINATOR_PORT, METRICS_PORT]
+    # Prometheus finds /metrics by the pod annotations or the Service's port named "metrics".
+    assert args[args.index("--metrics-port") + 1] == str(METRICS_PORT)
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(METRICS_PORT)
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == COORDINATOR_PORT, probe
     svc = one(docs, "Service", "collsvc-coordinator")
@@ -368,7 +373,13 @@ def test_k8s_network_policies(name: str) -> None:
     by_target: dict[int, dict[str, Any]] = {}
     for pol in policies:
         sel = pol["spec"]["podSelector"]["matchLabels"]
-        (rule,) = pol["spec"]["ingress"]
+        rules = pol["spec"]["ingress"]
+        # The coordinator's /metrics port may be scraped from the monitoring namespace; nothing else.
+        scrape = [r for r in rules if [p["port"] for p in r["ports"]] == [METRICS_PORT]]
+        for extra in scrape:
+            assert sel.items() <= coord_labels.items()
+            assert [set(src) for src in extra["from"]] == [{"namespaceSelector"}]
+        (rule,) = [r for r in rules if r not in scrape]
         (port,) = rule["ports"]
         # Only worker pods may connect.
         for src in rule["from"]:
@@ -442,7 +453,10 @@ def test_compose_single_host(world: str | None) -> None:
     assert wenv["COLLSVC_WORLD_SIZE"] == str(worker["deploy"]["replicas"]) == (world or "2")
     assert coord["image"] == worker["image"] == f"collsvc:{VERSION}"
     assert coord["build"] == {"context": "..", "dockerfile": "docker/Dockerfile"}
-    assert coord["ports"] == [f"127.0.0.1:{COORDINATOR_PORT}:{COORDINATOR_PORT}"]
+    assert coord["ports"] == [
+        f"127.0.0.1:{COORDINATOR_PORT}:{COORDINATOR_PORT}",
+        f"127.0.0.1:{METRICS_PORT}:{METRICS_PORT}",
+    ]
 
 
 def test_compose_multihost() -> None:
@@ -500,11 +514,15 @@ def test_dockerfile_contract(dockerfile: Path) -> None:
     (health,) = get("HEALTHCHECK")
     assert f'CMD ["collsvc", "health", "--coordinator", "127.0.0.1:{COORDINATOR_PORT}"]' in health
     assert "COPY examples ./examples" in [f"{w} {r}" for w, r in final] and get("WORKDIR")[-1] == "/app"
+    # Every stage starts from BASE_IMAGE, so an air-gapped site builds from its own mirror (one build arg).
+    assert [rest.split()[0] for w, rest in ins if w == "FROM" and "--from" not in rest] == ["${BASE_IMAGE}"] * 2
+    assert not dockerfile.read_text().startswith("# syntax="), "a syntax line makes BuildKit pull from a registry"
     if dockerfile.name == "Dockerfile":
-        assert re.match(r"python:\$\{PYTHON_VERSION\}-slim", ins[[w for w, _ in ins].index("FROM")][1])
+        assert "ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim" in [f"{w} {r}" for w, r in ins]
         assert "ARG PYTHON_VERSION=3.12" in [f"{w} {r}" for w, r in ins]
     else:
         assert any(w == "ARG" and r.startswith("CUDA_IMAGE=nvidia/cuda:12.") and "runtime" in r for w, r in ins)
+        assert "ARG BASE_IMAGE=${CUDA_IMAGE}" in [f"{w} {r}" for w, r in ins]
         assert any(w == "RUN" and "[cuda12]" in r for w, r in ins)
         assert "cuda12 = [" in (ROOT / "pyproject.toml").read_text()
 
