@@ -1,0 +1,240 @@
+"""How a torch process group finds its collsvc job.
+
+- Under ``collsvc run`` (``COLLSVC_COORDINATOR`` set, no ``MASTER_ADDR``): torch's ``env://``
+  rendezvous joins the collsvc job and hands torch a key/value store kept by the coordinator, so
+  ``dist.init_process_group("collsvc")`` needs nothing else.
+- Under torchrun, ``env://``, ``tcp://`` or ``file://``: the world group's rank 0 starts an embedded
+  coordinator (loopback when every rank is on its host, else all interfaces) with a fresh token and
+  job id, and publishes them through the store torch hands the backend; every rank then joins it.
+- A process that called ``collsvc.init`` itself keeps that communicator, if its rank and size agree.
+
+Sub-groups (``new_group``, ``new_subgroups``, DeviceMesh) are sub-communicators of the world's job,
+named after torch's group name, which every member computes the same way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import json
+import logging
+import os
+import secrets
+import socket
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch._C._distributed_c10d as c10d
+import torch.distributed as dist
+
+import collsvc
+from collsvc.errors import CollsvcError, RendezvousError
+from collsvc.torch._errors import to_torch_error
+from collsvc.torch._process_group import ProcessGroupCollsvc
+
+if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
+    from collsvc.client.communicator import Communicator
+
+log = logging.getLogger(__name__)
+
+_KEY = "collsvc.torch/"
+_LEAVE_WAIT = datetime.timedelta(seconds=10)  # how long rank 0 keeps the embedded coordinator for the others
+
+
+_Store: Any = c10d.Store  # subclassed through Any, as torch's own Python stores are
+
+# torch keeps only the C++ half of a Python store (inside its PrefixStores); once the Python object is
+# gone, every call from C++ (gloo's rendezvous, say) fails. Each store lives as long as its job.
+_stores_in_use: weakref.WeakKeyDictionary[Communicator, CoordinatorStore] = weakref.WeakKeyDictionary()
+
+
+def _under_collsvc_launcher() -> bool:
+    return bool(os.environ.get("COLLSVC_COORDINATOR")) and not os.environ.get("MASTER_ADDR")
+
+
+class CoordinatorStore(_Store):  # type: ignore[misc]
+    """torch's key/value store interface over the collsvc coordinator's key/value service.
+
+    Args:
+        comm: a Communicator of the job whose keys this store holds.
+        timeout: how long ``get`` and ``wait`` wait for a key by default.
+    """
+
+    def __init__(self, comm: Communicator, timeout: datetime.timedelta) -> None:
+        super().__init__()
+        self._client = comm._job.client  # the coordinator's key/value calls have no public wrapper
+        self._wait = timeout
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._wait = timeout
+
+    def _key(self, key: str) -> str:
+        return _KEY + key
+
+    def set(self, key: str, value: Any) -> None:
+        self._client.set(self._key(key), value.encode() if isinstance(value, str) else bytes(value))
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._client.get(self._key(key), self._wait.total_seconds()))
+
+    def add(self, key: str, value: int) -> int:
+        return int(self._client.add(self._key(key), value))
+
+    def check(self, keys: list[str]) -> bool:
+        try:
+            for key in keys:
+                self._client.get(self._key(key), 0.001)
+        except CollsvcError:
+            return False
+        return True
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        limit = (timeout or self._wait).total_seconds()
+        for key in keys:
+            self._client.get(self._key(key), limit)
+
+
+def _wrap_env_handler(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    def env_or_collsvc(url: str, timeout: datetime.timedelta = dist.constants.default_pg_timeout, **kwargs: Any) -> Any:
+        if not _under_collsvc_launcher():
+            yield from original(url, timeout=timeout, **kwargs)
+            return
+        try:
+            comm = collsvc.init(timeout=timeout.total_seconds())
+        except CollsvcError as exc:
+            raise to_torch_error(exc) from exc
+        store = CoordinatorStore(comm, timeout)
+        _stores_in_use[comm] = store
+        yield store, comm.rank, comm.size
+        raise RuntimeError("collsvc: env:// rendezvous under collsvc run cannot re-rendezvous")
+
+    env_or_collsvc.__collsvc__ = True  # type: ignore[attr-defined]
+    return env_or_collsvc
+
+
+def install_rendezvous() -> None:
+    """Makes torch's ``env://`` rendezvous join the collsvc job under ``collsvc run`` (idempotent)."""
+    # torch.distributed.rendezvous is shadowed by the function of that name; take the module itself.
+    handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    current = handlers["env"]
+    if not getattr(current, "__collsvc__", False):
+        handlers["env"] = _wrap_env_handler(current)
+
+
+def _publish_coordinator(store: Any, size: int) -> tuple[dict[str, str], Any]:
+    """Rank 0: starts the embedded coordinator and returns what the others need to join it."""
+    from collsvc.server.app import CoordinatorThread
+    from collsvc.types import CoordinatorOptions
+
+    me = socket.gethostname()
+    hosts = {store.get(f"{_KEY}host/{r}").decode() for r in range(size)}
+    one_host = hosts == {me}
+    token = secrets.token_urlsafe(32)
+    server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1" if one_host else "0.0.0.0", port=0, token=token))
+    port = server.start()
+    reach = "127.0.0.1" if one_host else (os.environ.get("MASTER_ADDR") or socket.getfqdn())
+    info = {"address": f"{reach}:{port}", "token": token, "job": f"torch-{secrets.token_hex(8)}"}
+    log.info("collsvc.torch: embedded coordinator on %s for %d ranks (job %s)", info["address"], size, info["job"])
+    return info, server
+
+
+class WorldSession:
+    """The collsvc side of torch's default process group: its communicator and, on rank 0 of a
+    store bootstrap, the embedded coordinator."""
+
+    def __init__(self, comm: Communicator, store: Any, server: Any) -> None:
+        self.comm = comm
+        self._store = store
+        self._server = server
+
+    @classmethod
+    def join(cls, store: Any, rank: int, size: int, timeout: float) -> WorldSession:
+        """Joins (or reuses) the collsvc job of this torch world.
+
+        Raises:
+            RendezvousError: an existing collsvc communicator disagrees with torch's rank or size, or
+                joining failed (also a ``DistBackendError``).
+        """
+        if collsvc.is_initialized():
+            comm = collsvc.default_communicator()
+            if (comm.rank, comm.size) != (rank, size):
+                raise RendezvousError(
+                    f"collsvc is initialized as rank {comm.rank} of {comm.size}, but torch.distributed "
+                    f"asks for rank {rank} of {size}"
+                )
+            return cls(comm, store, None)
+        if os.environ.get("COLLSVC_COORDINATOR"):
+            return cls(collsvc.init(world_size=size, rank=rank, timeout=timeout), store, None)
+        store.set(f"{_KEY}host/{rank}", socket.gethostname())
+        server = None
+        if rank == 0:
+            info, server = _publish_coordinator(store, size)
+            store.set(f"{_KEY}coordinator", json.dumps(info))
+        else:
+            info = json.loads(store.get(f"{_KEY}coordinator"))
+        try:
+            comm = collsvc.init(
+                coordinator=info["address"],
+                world_size=size,
+                rank=rank,
+                timeout=timeout,
+                token=info["token"],
+                job_id=info["job"],
+            )
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        return cls(comm, store, server)
+
+    def _healthy(self) -> bool:
+        """Whether the job had no failure (after one, nobody needs the coordinator any longer)."""
+        try:
+            self.comm._job.failure.check()  # the Communicator has no public "failed" state
+        except CollsvcError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Leaves the job; rank 0 of a store bootstrap then stops the coordinator once the others left
+        (or after a short bound)."""
+        if collsvc.is_initialized() and collsvc.default_communicator() is self.comm:
+            collsvc.destroy()
+        else:
+            self.comm.close()
+        try:
+            self._store.set(f"{_KEY}left/{self.comm.rank}", "1")
+            if self._server is not None and self._healthy():
+                gone = self.comm._job.departed  # ranks that left need not confirm
+                others = [f"{_KEY}left/{r}" for r in range(1, self.comm.size) if r not in gone]
+                self._store.wait(others, _LEAVE_WAIT)
+        except Exception as exc:  # noqa: BLE001 - leaving is best effort; the others may be gone already
+            log.info("collsvc.torch: not every rank confirmed leaving: %s", exc)
+        finally:
+            if self._server is not None:
+                self._server.stop()
+
+
+def create_process_group(options: Any, backend_options: Any) -> ProcessGroupCollsvc:
+    """torch's backend factory (``register_backend(..., extended_api=True)``).
+
+    Args:
+        options: torch's ``_DistributedBackendOptions`` (store, group_rank, group_size, timeout,
+            group_id, global_ranks_in_group).
+        backend_options: unused; collsvc takes its settings from ``COLLSVC_*``.
+
+    Raises:
+        CollsvcError: joining the job failed (also a ``DistBackendError``).
+    """
+    timeout = options.timeout.total_seconds()
+    ranks = list(options.global_ranks_in_group)
+    try:
+        if not ranks:
+            session = WorldSession.join(options.store, options.group_rank, options.group_size, timeout)
+            return ProcessGroupCollsvc(session.comm, timeout, on_shutdown=session.close)
+        world = collsvc.default_communicator()
+        comm = world._subgroup(f"torch/{options.group_id}", ranks)
+    except CollsvcError as exc:
+        raise to_torch_error(exc) from exc
+    return ProcessGroupCollsvc(comm, timeout)

@@ -1,0 +1,356 @@
+"""Each torch collective as collsvc Communicator calls.
+
+Every function validates locally, issues its calls through an :class:`Issuer` and returns
+``(calls, outputs, finish)``: the collsvc calls, the tensors the operation writes, and what to run on
+the calls' results once they are done (copy into outputs that could not be written in place).
+Tensors are passed detached (torch refuses DLPack export of tensors that require grad; detaching
+shares their memory), so in-place results land in the caller's tensors with no copy.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from collsvc.torch._work import Finisher, future_of
+from collsvc.types import ReduceOp
+
+if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
+    from collsvc.client.communicator import Communicator
+
+Parts = tuple[list[Any], list[torch.Tensor], Finisher | None]
+
+_RED: Any = dist.ReduceOp.RedOpType
+_OPS = {
+    _RED.SUM: ReduceOp.SUM,
+    _RED.PRODUCT: ReduceOp.PRODUCT,
+    _RED.MIN: ReduceOp.MIN,
+    _RED.MAX: ReduceOp.MAX,
+    _RED.BAND: ReduceOp.BAND,
+    _RED.BOR: ReduceOp.BOR,
+    _RED.BXOR: ReduceOp.BXOR,
+    _RED.AVG: ReduceOp.AVG,
+}
+
+
+class Issuer:
+    """The Communicator as the collectives below call it.
+
+    Each call returns a concurrent future of its result: issued with ``async_op=True`` (the caller's
+    thread goes on at once), or, for a caller known to wait at once, run inline on the caller's
+    thread (no hand-off to the Communicator's worker thread) and returned done.
+
+    Args:
+        comm: the group's Communicator.
+        inline: run calls on the caller's thread.
+    """
+
+    def __init__(self, comm: Communicator, inline: bool) -> None:
+        self.comm = comm
+        self.rank = comm.rank
+        self.size = comm.size
+        self._inline = inline
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fn = getattr(self.comm, method)
+        if not self._inline:
+            return future_of(fn(*args, async_op=True, **kwargs))
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done.set_result(fn(*args, **kwargs))
+        return done
+
+    def all_reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("all_reduce", *args, **kwargs)
+
+    def reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("reduce", *args, **kwargs)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("broadcast", *args, **kwargs)
+
+    def all_gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("all_gather", *args, **kwargs)
+
+    def reduce_scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("reduce_scatter", *args, **kwargs)
+
+    def gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("gather", *args, **kwargs)
+
+    def scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("scatter", *args, **kwargs)
+
+    def all_to_all(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return self._call("all_to_all", *args, **kwargs)
+
+
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def caller_waits(depth: int = 6) -> bool:
+    """Whether the torch.distributed function that called into the process group was given
+    ``async_op=False``: it waits on the Work as soon as it gets it, so the call may run inline.
+
+    Calls from C++ (DDP's reducer, functional collectives) and from torch functions without an
+    ``async_op`` argument count as asynchronous.
+    """
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__") == _C10D:
+            return frame.f_locals.get("async_op", True) is False
+        frame = frame.f_back
+    return False
+
+
+def reduce_op(op: Any) -> tuple[ReduceOp, Any]:
+    """(collsvc op, pre-multiplier or None) for a torch ``ReduceOp`` (PREMUL_SUM = scale, then SUM).
+
+    Raises:
+        ValueError: an op collsvc does not know.
+    """
+    given: Any = op
+    kind = getattr(given, "op", given)  # a ReduceOp object, or a bare RedOpType
+    if kind == _RED.PREMUL_SUM:
+        return ReduceOp.SUM, given.factor
+    if kind not in _OPS:
+        raise ValueError(f"reduce op {op} is not supported by the collsvc backend")
+    return _OPS[kind], None
+
+
+def single(tensors: Sequence[Any]) -> Any:
+    """The one tensor (or tensor list) of torch's one-entry-per-device argument lists.
+
+    Raises:
+        ValueError: not exactly one entry (collsvc runs one device per process).
+    """
+    if len(tensors) != 1:
+        raise ValueError(f"the collsvc backend takes one tensor (list) per process, got {len(tensors)}")
+    return tensors[0]
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A flat detached tensor: a view of ``t`` when contiguous, else a contiguous copy."""
+    return t.detach().reshape(-1)
+
+
+def _flat_out(t: torch.Tensor) -> torch.Tensor | None:
+    """A flat view of ``t`` to receive results in place, or None when ``t`` is not contiguous."""
+    return t.detach().view(-1) if t.is_contiguous() else None
+
+
+def _copy_result(output: torch.Tensor) -> Finisher:
+    """Copies the single call's result into ``output`` (for outputs that could not take it in place)."""
+
+    def finish(results: list[Any]) -> None:
+        output.detach().copy_(results[0].view(output.shape))
+
+    return finish
+
+
+def merge(parts: Sequence[Parts]) -> Parts:
+    """Several operations as one: all their calls, all their outputs, each finisher on its own results."""
+    calls: list[Any] = []
+    outputs: list[torch.Tensor] = []
+    spans: list[tuple[int, int, Finisher | None]] = []
+    for part_calls, part_outputs, finish in parts:
+        spans.append((len(calls), len(calls) + len(part_calls), finish))
+        calls.extend(part_calls)
+        outputs.extend(part_outputs)
+
+    def finish_all(results: list[Any]) -> None:
+        for start, stop, finish in spans:
+            if finish is not None:
+                finish(results[start:stop])
+
+    return calls, outputs, finish_all
+
+
+# ---- reductions ------------------------------------------------------------------------------------------
+def all_reduce(comm: Issuer, tensors: list[torch.Tensor], op: Any) -> Parts:
+    red, factor = reduce_op(op)
+    if not tensors:
+        raise ValueError("allreduce needs at least one tensor")
+    views = [t.detach() for t in tensors]
+    if factor is not None:
+        for v in views:
+            v.mul_(factor)  # in place: the reduction overwrites these tensors anyway
+    if len(views) == 1:
+        return [comm.all_reduce(views[0], red, out=views[0])], list(tensors), None
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for v in views:
+        by_dtype.setdefault(v.dtype, []).append(v)
+    # One fused transfer per dtype; results are written back into the caller's tensors.
+    calls = [comm.all_reduce(group, red, out=group) for group in by_dtype.values()]
+    return calls, list(tensors), None
+
+
+def reduce(comm: Issuer, tensor: torch.Tensor, root: int, op: Any) -> Parts:
+    red, factor = reduce_op(op)
+    view = tensor.detach()
+    source = view * factor if factor is not None else view
+    if comm.rank == root:
+        return [comm.reduce(source, root, red, out=view)], [tensor], None
+    return [comm.reduce(source, root, red)], [tensor], None
+
+
+def reduce_scatter(comm: Issuer, output: torch.Tensor, input: torch.Tensor, op: Any) -> Parts:  # noqa: A002
+    red, factor = reduce_op(op)
+    if input.numel() != output.numel() * comm.size:
+        raise ValueError(
+            f"reduce_scatter_tensor: input has {input.numel()} elements, expected output's "
+            f"{output.numel()} x group size {comm.size}"
+        )
+    source = _flat(input)
+    if factor is not None:
+        source = source * factor
+    target = _flat_out(output)
+    call = comm.reduce_scatter(source, red, out=target)
+    if target is not None:
+        return [call], [output], None
+    return [call], [output], _copy_result(output)
+
+
+def reduce_scatter_list(comm: Issuer, output: torch.Tensor, inputs: list[torch.Tensor], op: Any) -> Parts:
+    if len(inputs) != comm.size:
+        raise ValueError(f"reduce_scatter: {len(inputs)} input tensors for a group of {comm.size}")
+    if any(t.numel() != output.numel() for t in inputs):
+        raise ValueError("reduce_scatter: every input tensor must have the output's number of elements")
+    stacked = torch.cat([_flat(t) for t in inputs])
+    return reduce_scatter(comm, output, stacked, op)
+
+
+# ---- broadcast and gathers ----------------------------------------------------------------------------------
+def broadcast(comm: Issuer, tensors: list[torch.Tensor], root: int) -> Parts:
+    views = [t.detach() for t in tensors]
+    if len(views) == 1:
+        return [comm.broadcast(views[0], root, out=views[0])], list(tensors), None
+    return [comm.broadcast(views, root, out=views)], list(tensors), None
+
+
+def _copy_blocks(gathered: torch.Tensor, outputs: Sequence[torch.Tensor], block: int) -> None:
+    for i, out in enumerate(outputs):
+        out.detach().copy_(gathered[i * block : i * block + out.numel()].view(out.shape))
+
+
+def all_gather_list(comm: Issuer, outputs: list[torch.Tensor], input: torch.Tensor) -> Parts:  # noqa: A002
+    if len(outputs) != comm.size:
+        raise ValueError(f"all_gather: {len(outputs)} output tensors for a group of {comm.size}")
+    # Uneven outputs (torch allows them): every rank pads its block to the largest one.
+    block = max(o.numel() for o in outputs)
+    source = _flat(input)
+    if source.numel() < block:
+        source = torch.cat([source, source.new_zeros(block - source.numel())])
+    call = comm.all_gather(source)
+    return [call], list(outputs), lambda results: _copy_blocks(results[0], outputs, block)
+
+
+def all_gather(comm: Issuer, output: torch.Tensor, input: torch.Tensor) -> Parts:  # noqa: A002
+    if output.numel() != input.numel() * comm.size:
+        raise ValueError(
+            f"all_gather_into_tensor: output has {output.numel()} elements, expected input's "
+            f"{input.numel()} x group size {comm.size}"
+        )
+    target = _flat_out(output)
+    call = comm.all_gather(_flat(input), out=target)
+    if target is not None:
+        return [call], [output], None
+    return [call], [output], _copy_result(output)
+
+
+def gather(comm: Issuer, outputs: list[torch.Tensor], input: torch.Tensor, root: int) -> Parts:  # noqa: A002
+    if comm.rank == root and len(outputs) != comm.size:
+        raise ValueError(f"gather: {len(outputs)} output tensors on the root for a group of {comm.size}")
+    call = comm.gather(_flat(input), root)
+    if comm.rank != root:
+        return [call], [], None
+    return [call], list(outputs), lambda results: _copy_blocks(results[0], outputs, input.numel())
+
+
+def scatter(comm: Issuer, output: torch.Tensor, inputs: list[torch.Tensor], root: int) -> Parts:
+    target = output.detach().view(-1) if output.is_contiguous() else torch.empty_like(output).view(-1)
+    if comm.rank == root:
+        if len(inputs) != comm.size or any(t.numel() != output.numel() for t in inputs):
+            raise ValueError(f"scatter: the root needs {comm.size} input tensors of the output's size")
+        source: torch.Tensor | None = torch.cat([_flat(t) for t in inputs])
+    else:
+        source = None
+    call = comm.scatter(source, root, out=target)
+    if output.is_contiguous():
+        return [call], [output], None
+    return [call], [output], _copy_result(output)
+
+
+# ---- all to all ------------------------------------------------------------------------------------------
+def all_to_all_single(
+    comm: Issuer,
+    output: torch.Tensor,
+    input: torch.Tensor,  # noqa: A002
+    output_splits: list[int],
+    input_splits: list[int],
+) -> Parts:
+    size = comm.size
+    rows_in = input.shape[0] if input.dim() else 1
+    row = input[0].numel() if input.dim() and rows_in else max(input.numel(), 1)
+    in_splits = list(input_splits) or [rows_in // size] * size
+    out_splits = list(output_splits) or [(output.shape[0] if output.dim() else 1) // size] * size
+    if len(in_splits) != size or len(out_splits) != size:
+        raise ValueError(f"all_to_all_single: split sizes need {size} entries, got {in_splits} and {out_splits}")
+    if sum(in_splits) * row != input.numel() or sum(out_splits) * row != output.numel():
+        raise ValueError("all_to_all_single: split sizes do not add up to the tensors' first dimension")
+    if len(set(in_splits)) == 1 and len(set(out_splits)) == 1 and in_splits[0] == out_splits[0]:
+        target = _flat_out(output)
+        call = comm.all_to_all(_flat(input), out=target)
+        if target is not None:
+            return [call], [output], None
+        return [call], [output], _copy_result(output)
+    # Uneven splits: every rank pads its blocks to the largest block of any rank (agreed first).
+    local_max = torch.tensor([max(in_splits + out_splits)], dtype=torch.int64)
+    widest = int(comm.comm.all_reduce(local_max, ReduceOp.MAX)[0])
+    padded = input.new_zeros((size, widest * row))
+    flat_in = _flat(input)
+    offset = 0
+    for j, rows in enumerate(in_splits):
+        padded[j, : rows * row] = flat_in[offset : offset + rows * row]
+        offset += rows * row
+    call = comm.all_to_all(padded.view(-1))
+
+    def finish(results: list[Any]) -> None:
+        received = results[0].view(size, widest * row)
+        flat_out = output.detach().view(-1) if output.is_contiguous() else None
+        pieces = [received[j, : rows * row] for j, rows in enumerate(out_splits)]
+        joined = torch.cat(pieces) if pieces else received.new_zeros(0)
+        if flat_out is not None:
+            flat_out.copy_(joined)
+        else:
+            output.detach().copy_(joined.view(output.shape))
+
+    return [call], [output], finish
+
+
+def all_to_all_list(comm: Issuer, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Parts:
+    size = comm.size
+    if len(outputs) != size or len(inputs) != size:
+        raise ValueError(f"all_to_all: needs {size} input and {size} output tensors")
+    in_rows = [t.numel() for t in inputs]
+    out_rows = [t.numel() for t in outputs]
+    joined_in = torch.cat([_flat(t) for t in inputs])
+    joined_out = outputs[0].new_empty(sum(out_rows))
+    calls, _, finish_single = all_to_all_single(comm, joined_out, joined_in, out_rows, in_rows)
+
+    def finish(results: list[Any]) -> None:
+        if finish_single is not None:
+            finish_single(results)
+        offset = 0
+        for out in outputs:
+            out.detach().copy_(joined_out[offset : offset + out.numel()].view(out.shape))
+            offset += out.numel()
+
+    return calls, list(outputs), finish

@@ -1,0 +1,68 @@
+"""collsvc errors as torch users catch them: each also a ``torch.distributed.DistBackendError``.
+
+torch code catches ``DistBackendError`` (or ``RuntimeError``) around collectives; collsvc code catches
+``RankFailedError`` and friends. The error a torch user sees is both: for every collsvc error class a
+subclass of it and of ``DistBackendError`` is built once, and the instance carries the original's
+attributes (``ranks``, ``waiting_on``, ``details`` ...) and chains it as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import torch.distributed as dist
+
+from collsvc.errors import CollsvcError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_lock = threading.Lock()
+_torch_classes: dict[type[CollsvcError], type[CollsvcError]] = {}
+
+
+def torch_error_class(cls: type[CollsvcError]) -> type[CollsvcError]:
+    """The class that is both ``cls`` and ``torch.distributed.DistBackendError`` (built once per class)."""
+    if issubclass(cls, dist.DistBackendError):
+        return cls
+    with _lock:
+        built = _torch_classes.get(cls)
+        if built is None:
+            namespace = {"__module__": "collsvc.torch", "__doc__": cls.__doc__, "__qualname__": cls.__name__}
+            built = cast(type[CollsvcError], type(cls.__name__, (cls, dist.DistBackendError), namespace))
+            _torch_classes[cls] = built
+        return built
+
+
+def to_torch_error(error: CollsvcError) -> CollsvcError:
+    """``error`` as an instance of its torch-facing class, with the same message and attributes.
+
+    Returns ``error`` itself when it already is a ``DistBackendError``.
+    """
+    if isinstance(error, dist.DistBackendError):
+        return error
+    cls = torch_error_class(type(error))
+    converted = cls.__new__(cls)
+    converted.args = error.args
+    converted.__dict__.update(error.__dict__)
+    converted.__cause__ = error
+    converted.__traceback__ = error.__traceback__
+    return converted
+
+
+def translated(fn: F) -> F:
+    """Decorates a method so that collsvc errors it raises leave it as torch-facing errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CollsvcError as exc:
+            converted = to_torch_error(exc)
+            if converted is exc:
+                raise
+            raise converted from exc
+
+    return cast(F, wrapper)

@@ -1,0 +1,245 @@
+"""The ``dist.ProcessGroup`` that runs torch.distributed's collectives on a collsvc Communicator.
+
+torch calls these methods from Python (``dist.all_reduce`` and friends) and from C++ (DDP's reducer,
+functional collectives, DTensor) through its Python process-group trampoline. Each method validates,
+issues the Communicator's calls on detached views of the caller's tensors (in place and zero-copy
+through DLPack where the layout allows) and returns a :class:`CollsvcWork`. Calls are asynchronous
+(``async_op=True`` on the Communicator), except for a torch function called with ``async_op=False``,
+which waits at once anyway: its calls run inline on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+import collsvc.torch._collectives as ops
+from collsvc.torch._errors import translated
+from collsvc.torch._p2p import PointToPoint
+from collsvc.torch._work import CollsvcWork, Finisher
+
+if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
+    from collsvc.client.communicator import Communicator
+
+BACKEND_NAME = "collsvc"
+
+# torch's stubs declare each method with overloads that its Python trampoline never calls; subclassing
+# through Any keeps our signatures (the ones the trampoline does call) free of them.
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
+    """torch.distributed's process-group interface over one collsvc Communicator.
+
+    Args:
+        comm: the Communicator of this group's members (rank order = torch group rank order).
+        timeout: seconds any one collective of this group may take (from ``init_process_group`` or
+            ``new_group``).
+        on_shutdown: called once when torch shuts the group down (leaves the job for the world group).
+    """
+
+    def __init__(self, comm: Communicator, timeout: float, on_shutdown: Any = None) -> None:
+        super().__init__(comm.rank, comm.size)
+        self._comm = comm
+        self._timeout = timeout
+        # The Communicator bounds every call by the job's timeout; a group with a shorter one is
+        # bounded where torch waits.
+        job_timeout = comm._job.options.timeout
+        self._wait_limit = timeout if timeout < job_timeout else None
+        self._p2p = PointToPoint(comm)
+        self._on_shutdown = on_shutdown
+        self._shut = False
+        self._group_name = comm.name
+        self._group_desc = comm.name
+
+    @property
+    def communicator(self) -> Communicator:
+        """The collsvc Communicator behind this group (its own API works alongside torch's)."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupCollsvc(rank={self._comm.rank}, size={self._comm.size}, group={self._comm.name!r})"
+
+    def getBackendName(self) -> str:  # noqa: N802 - the name torch's trampoline looks up
+        return BACKEND_NAME
+
+    # torch keeps a Python group's name and description only where the group stores them itself.
+    def getGroupName(self) -> str:  # noqa: N802 - the name torch's trampoline looks up
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def _ops(self) -> ops.Issuer:
+        return ops.Issuer(self._comm, inline=ops.caller_waits())
+
+    def _work(self, calls: Sequence[Any], outputs: list[torch.Tensor], finish: Finisher | None, what: str) -> Any:
+        description = f"{what} in group '{self._comm.name}' (rank {self._comm.rank} of {self._comm.size})"
+        return CollsvcWork(calls, outputs, finish, description, self._wait_limit)
+
+    # ---- reductions ------------------------------------------------------------------------------
+    @translated
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = (opts or dist.AllreduceOptions()).reduceOp
+        return self._work(*ops.all_reduce(self._ops(), tensors, op), "allreduce")
+
+    @translated
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = (opts or dist.AllreduceCoalescedOptions()).reduceOp
+        return self._work(*ops.all_reduce(self._ops(), tensors, op), "allreduce_coalesced")
+
+    @translated
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts or dist.ReduceOptions()
+        return self._work(*ops.reduce(self._ops(), ops.single(tensors), opts.rootRank, opts.reduceOp), "reduce")
+
+    @translated
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        op = (opts or dist.ReduceScatterOptions()).reduceOp
+        return self._work(*ops.reduce_scatter_list(self._ops(), ops.single(outputs), inputs[0], op), "reduce_scatter")
+
+    @translated
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
+        op = (opts or dist.ReduceScatterOptions()).reduceOp
+        return self._work(*ops.reduce_scatter(self._ops(), output, input, op), "reduce_scatter_tensor")
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    @translated
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        op = (opts or dist.ReduceScatterOptions()).reduceOp
+        parts = [ops.reduce_scatter(self._ops(), o, i, op) for o, i in zip(outputs, inputs, strict=True)]
+        return self._work(*ops.merge(parts), "reduce_scatter_tensor_coalesced")
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # ---- broadcast and gathers -------------------------------------------------------------------
+    @translated
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = opts or dist.BroadcastOptions()
+        return self._work(*ops.broadcast(self._ops(), tensors, opts.rootRank), "broadcast")
+
+    @translated
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._work(*ops.all_gather_list(self._ops(), ops.single(outputs), ops.single(inputs)), "allgather")
+
+    @translated
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
+        return self._work(*ops.all_gather(self._ops(), output, input), "all_gather_into_tensor")
+
+    _allgather_base = all_gather_single
+
+    @translated
+    def allgather_coalesced(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        # outputs[r][j] receives rank r's inputs[j].
+        if len(outputs) != self._comm.size or any(len(per_rank) != len(inputs) for per_rank in outputs):
+            raise ValueError(
+                f"all_gather_coalesced: needs {self._comm.size} output lists of {len(inputs)} tensors each"
+            )
+        issuer = self._ops()
+        parts = [ops.all_gather_list(issuer, [per_rank[j] for per_rank in outputs], t) for j, t in enumerate(inputs)]
+        return self._work(*ops.merge(parts), "allgather_coalesced")
+
+    @translated
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        parts = [ops.all_gather(self._ops(), o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._work(*ops.merge(parts), "all_gather_into_tensor_coalesced")
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    @translated
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        root = (opts or dist.GatherOptions()).rootRank
+        listed = outputs[0] if outputs else []
+        return self._work(*ops.gather(self._ops(), listed, ops.single(inputs), root), "gather")
+
+    @translated
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        root = (opts or dist.ScatterOptions()).rootRank
+        listed = inputs[0] if inputs else []
+        return self._work(*ops.scatter(self._ops(), ops.single(outputs), listed, root), "scatter")
+
+    # ---- all to all ------------------------------------------------------------------------------
+    @translated
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Any:
+        parts = ops.all_to_all_single(self._ops(), output, input, output_split_sizes, input_split_sizes)
+        return self._work(*parts, "all_to_all_single")
+
+    alltoall_base = all_to_all_single
+
+    @translated
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._work(*ops.all_to_all_list(self._ops(), outputs, inputs), "alltoall")
+
+    # ---- point to point --------------------------------------------------------------------------
+    @translated
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
+        tensor = ops.single(tensors)
+        return self._work([self._p2p.send(tensor, dst, tag)], [tensor], None, f"send to {dst} (tag {tag})")
+
+    @translated
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
+        tensor = ops.single(tensors)
+        return self._work([self._p2p.recv(tensor, src, tag)], [tensor], None, f"recv from {src} (tag {tag})")
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
+        raise ValueError("the collsvc backend does not support recv without a source rank (src=None)")
+
+    # ---- barriers --------------------------------------------------------------------------------
+    @translated
+    def barrier(self, opts: Any = None) -> Any:
+        self._comm.barrier(self._timeout)
+        return CollsvcWork.completed([], "barrier")
+
+    @translated
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names every rank that did not arrive within ``timeout`` (collsvc always names all).
+
+        Raises:
+            CollectiveTimeoutError: with ``waiting_on`` the missing ranks (also a ``DistBackendError``).
+        """
+        if isinstance(timeout, datetime.timedelta):
+            seconds = timeout.total_seconds()
+        else:
+            seconds = self._timeout if timeout is None else float(timeout)
+        self._comm.barrier(seconds if seconds > 0 else self._timeout)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Closes the group; for the world group, leaves the collsvc job (and stops its coordinator)."""
+        if self._shut:
+            return
+        self._shut = True
+        self._p2p.close()
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+        else:
+            self._comm.close()
+
+    def abort(self) -> None:
+        """Aborts the job: every rank's pending and later collectives fail with ``AbortedError``."""
+        self._comm.abort(f"process group '{self._comm.name}' aborted through torch.distributed")
+        self.shutdown()

@@ -1,0 +1,196 @@
+"""``dist.Work`` objects over collsvc's asynchronous calls.
+
+Every collective of the process group is issued with the Communicator's ``async_op=True``, so the
+caller's thread returns at once and the transfer overlaps whatever the caller does next. The torch
+``Future`` of a Work completes when the last collsvc call behind it finished and its results were
+copied into the caller's output tensors; its value is the list of output tensors, as DDP's comm hooks
+expect. Futures are completed (once asked for) on a thread of their own, so a ``then`` callback that runs another
+collective (PowerSGD, say) never blocks the thread that moves the bytes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from collsvc.client.work import Work as CollsvcCall
+from collsvc.errors import CollectiveTimeoutError, CollsvcError
+from collsvc.torch._errors import to_torch_error
+
+Finisher = Callable[[list[Any]], None]
+
+_Work: Any = dist.Work  # subclassed through Any: torch's stubs type its methods for C++ callers only
+
+_completions = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="collsvc-torch-futures")
+
+
+def future_of(call: CollsvcCall[Any] | concurrent.futures.Future[Any]) -> concurrent.futures.Future[Any]:
+    """The concurrent future behind a collsvc call (or ``call`` itself when it already is one)."""
+    if isinstance(call, concurrent.futures.Future):
+        return call
+    # collsvc's Work has no public done-callback; its concurrent future is the one place to hook.
+    inner = getattr(call, "_future", None)
+    if isinstance(inner, concurrent.futures.Future):
+        return inner
+    # Should that attribute ever change: a thread that waits on the call stands in for the callback.
+    mirror: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def follow() -> None:
+        try:
+            mirror.set_result(call.result())
+        except BaseException as exc:  # noqa: BLE001 - the error belongs to whoever waits on the Work
+            mirror.set_exception(exc)
+
+    threading.Thread(target=follow, name="collsvc-torch-follow", daemon=True).start()
+    return mirror
+
+
+def _seconds(timeout: Any) -> float | None:
+    """torch passes ``timedelta`` (0 = no limit, its ``kNoTimeout``); Python callers may pass seconds."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+class CollsvcWork(_Work):  # type: ignore[misc]
+    """The ``dist.Work`` a collsvc process group returns.
+
+    Args:
+        calls: the collsvc calls (or futures of posted point-to-point operations) behind this operation;
+            empty for one that finished locally.
+        outputs: the tensors the operation writes; the Future's value.
+        finish: called with the calls' results, in order, once all finished (copies results into
+            ``outputs``); may be None.
+        description: the operation as errors name it.
+        timeout: the group's timeout in seconds; ``wait()`` never waits longer.
+    """
+
+    def __init__(
+        self,
+        calls: Sequence[CollsvcCall[Any] | concurrent.futures.Future[Any]],
+        outputs: list[torch.Tensor],
+        finish: Finisher | None,
+        description: str,
+        timeout: float | None,
+    ) -> None:
+        super().__init__()
+        self._calls = [future_of(call) for call in calls]
+        self._outputs = outputs
+        self._finish = finish
+        self._description = description
+        self._timeout = timeout
+        self._future: torch.futures.Future[list[torch.Tensor]] | None = None  # made when first asked for
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._pending = len(self._calls)
+        # The Future is completed only once someone asked for it: synchronous callers never do, and
+        # waking the completion thread for them would cost every small collective a thread switch.
+        self._future_requested = False
+        if not self._calls:
+            self._complete()
+        for call in self._calls:
+            call.add_done_callback(self._one_done)
+
+    @classmethod
+    def completed(cls, outputs: list[torch.Tensor], description: str) -> CollsvcWork:
+        """A Work for an operation that already finished in the caller's thread."""
+        return cls((), outputs, None, description, None)
+
+    def _one_done(self, _: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self._complete()
+
+    def _complete(self) -> None:
+        try:
+            results = [call.result() for call in self._calls]
+            if self._finish is not None:
+                self._finish(results)
+        except CollsvcError as exc:
+            self._error = to_torch_error(exc)
+        except BaseException as exc:  # noqa: BLE001 - any failure belongs to whoever waits on this Work
+            self._error = exc
+        with self._lock:
+            self._done.set()
+            fulfil = self._future_requested
+        if fulfil:
+            _completions.submit(self._fulfil)
+
+    def _fulfil(self) -> None:
+        assert self._future is not None  # get_future made it before asking for this
+        if self._error is None:
+            self._future.set_result(self._outputs)
+        else:
+            self._future.set_exception(self._error)  # type: ignore[arg-type]  # torch's stub is wrong
+
+    # ---- dist.Work -------------------------------------------------------------------------------
+    def wait(self, timeout: Any = None) -> bool:
+        """Blocks until the operation finished.
+
+        Args:
+            timeout: a ``timedelta`` or seconds; 0 or None waits up to the group's timeout.
+
+        Returns:
+            True.
+
+        Raises:
+            CollectiveTimeoutError: the operation did not finish within the timeout (also a
+                ``DistBackendError``).
+            CollsvcError: the operation failed; the same error every rank sees (also a ``DistBackendError``).
+        """
+        limits = [t for t in (_seconds(timeout), self._timeout) if t is not None]
+        limit = min(limits) if limits else None
+        if not self._done.wait(limit):
+            raise to_torch_error(CollectiveTimeoutError(f"{self._description} did not complete within {limit:g}s"))
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the operation finished, successfully or not."""
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        """Whether the operation finished without an error."""
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once it finished, else None."""
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        """The output tensors, after waiting for the operation.
+
+        Raises:
+            CollsvcError: as :meth:`wait`.
+        """
+        self.wait()
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        """A Future completed with the output tensors (or the error) when the operation finished."""
+        with self._lock:
+            first = self._future is None
+            if first:
+                self._future = torch.futures.Future()
+                self._future_requested = True
+            done = self._done.is_set()
+            future = self._future
+        if first and done:
+            self._fulfil()
+        assert future is not None
+        return future
+
+    def synchronize(self) -> None:
+        """Same as :meth:`wait` (CPU results are complete when the transfer is)."""
+        self.wait()

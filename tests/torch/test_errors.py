@@ -1,0 +1,137 @@
+"""collsvc's failure guarantees through torch's API: a dead rank, a mismatch and a timeout raise the
+collsvc error naming the rank, and that error is also a ``torch.distributed.DistBackendError``."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from tests.torch._util import run_torch
+
+torch = pytest.importorskip("torch")
+
+
+def dies_after_first_step(rank: int, n: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from collsvc import RankFailedError
+
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    model(torch.randn(4, 8)).sum().backward()
+    if rank == n - 1:
+        os._exit(3)  # a crash: no leave, no goodbye
+    start = time.monotonic()
+    work = dist.all_reduce(torch.ones(1 << 12), async_op=True)
+    with pytest.raises(dist.DistBackendError) as caught:
+        work.wait()
+    future_error = None
+    try:
+        work.get_future().wait()
+    except Exception as exc:  # noqa: BLE001 - the Future carries the same error
+        future_error = type(exc).__name__
+    err = caught.value
+    assert isinstance(err, RankFailedError), repr(err)
+    # The next call fails at once, also when DDP's C++ reducer makes it.
+    with pytest.raises(RankFailedError):
+        dist.broadcast(torch.zeros(2), src=0)
+    with pytest.raises(RankFailedError) as from_ddp:
+        model(torch.randn(4, 8)).sum().backward()
+    assert isinstance(from_ddp.value, dist.DistBackendError)
+    return {"ranks": err.ranks, "seconds": time.monotonic() - start, "future": future_error}
+
+
+def test_dead_rank_raises_rank_failed_everywhere() -> None:
+    result = run_torch(dies_after_first_step, 3, allow_failures=True, timeout=120)
+    survivors = [o for o in result.outcomes if o.rank != 2]
+    assert result.outcomes[2].exitcode == 3
+    for outcome in survivors:
+        assert outcome.error is None, outcome.error
+        assert outcome.value["ranks"] == [2]
+        assert outcome.value["future"] == "RankFailedError"
+        assert outcome.value["seconds"] < 30.0  # heartbeats, not the 60 s collective timeout
+
+
+def mismatched_calls(rank: int, n: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from collsvc import CollectiveMismatchError
+
+    caught: dict[str, Any] = {}
+    # Different reduce ops on the same tensors: TORCH_DISTRIBUTED_DEBUG=DETAIL does not compare ops.
+    op = dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX
+    try:
+        dist.all_reduce(torch.ones(8), op=op)
+    except dist.DistBackendError as exc:
+        assert isinstance(exc, CollectiveMismatchError), repr(exc)
+        caught = {"type": type(exc).__name__, "message": str(exc), "details": sorted(exc.details)}
+    return caught
+
+
+def test_mismatch_raises_on_every_rank() -> None:
+    result = run_torch(mismatched_calls, 2, timeout=120)
+    for value in result.values:
+        assert value["type"] == "CollectiveMismatchError"
+        assert "SUM" in value["message"] and "MAX" in value["message"]
+
+
+def misses_a_collective(rank: int, n: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from collsvc import CollectiveTimeoutError
+
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.get("rank0-saw-timeout")  # stays out of the collective until rank 0 gave up on it
+        return {}
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+    except dist.DistBackendError as exc:
+        assert isinstance(exc, CollectiveTimeoutError), repr(exc)
+        outcome = {"ranks": exc.ranks, "seconds": time.monotonic() - start}
+    finally:
+        store.set("rank0-saw-timeout", "1")
+    return outcome
+
+
+def test_init_timeout_is_honoured_and_names_the_missing_rank() -> None:
+    result = run_torch(misses_a_collective, 2, collective_timeout=3.0, timeout=120)
+    value = result.values[0]
+    assert value["ranks"] == [1]
+    assert 2.5 <= value["seconds"] < 30.0  # the 3 s timeout, not the 60 s default of the other tests
+
+
+def group_timeout(rank: int, n: int) -> dict[str, Any]:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from collsvc import CollectiveTimeoutError
+
+    store = dist.distributed_c10d._get_default_store()
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    if rank == 1:
+        store.get("rank0-gave-up")
+        return {}
+    start = time.monotonic()
+    work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+    try:
+        work.wait()
+    except dist.DistBackendError as exc:
+        assert isinstance(exc, CollectiveTimeoutError), repr(exc)
+        seconds = time.monotonic() - start
+    finally:
+        store.set("rank0-gave-up", "1")
+    return {"seconds": seconds}
+
+
+def test_new_group_timeout_is_honoured() -> None:
+    result = run_torch(group_timeout, 2, collective_timeout=60.0, timeout=120)
+    assert 1.5 <= result.values[0]["seconds"] < 30.0  # the group's 2 s, not the job's 60 s
