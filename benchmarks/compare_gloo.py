@@ -43,7 +43,7 @@ def run_gloo(n: int, op: str, sizes: list[int], iters: int, warmup: int) -> list
     procs = [
         subprocess.Popen(
             [sys.executable, str(ROOT / "benchmarks/gloo_worker.py")],
-            env=dict(os.environ, GLOO_BENCH=json.dumps(config), RANK=str(r), WORLD_SIZE=str(n)),
+            env=dict(os.environ, GLOO_BENCH=json.dumps(config), RANK=str(r), WORLD_SIZE=str(n), OMP_NUM_THREADS="1"),
         )
         for r in range(n)
     ]

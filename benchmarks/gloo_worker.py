@@ -36,6 +36,8 @@ def run_op(op: str, x: torch.Tensor, out: torch.Tensor, n: int) -> None:
 
 
 def main() -> int:
+    # One intra-op thread, like collsvc's ranks: on a shared machine extra threads only steal cores.
+    torch.set_num_threads(1)
     config = json.loads(os.environ["GLOO_BENCH"])
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{config['port']}", rank=rank, world_size=n)

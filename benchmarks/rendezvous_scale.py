@@ -65,7 +65,12 @@ def _worker(address: str, job_id: str, ranks: int, world_size: int, channels: in
         )
         barrier = await stub.Barrier(
             coordinator_pb2.BarrierRequest(
-                job_id=job_id, group="world", rank=reply.rank, generation=1, timeout_s=JOIN_TIMEOUT_S
+                job_id=job_id,
+                group="world",
+                rank=reply.rank,
+                member_secret=reply.member_secret,
+                generation=1,
+                timeout_s=JOIN_TIMEOUT_S,
             ),
             metadata=metadata,
             timeout=JOIN_TIMEOUT_S + 5,

@@ -11,6 +11,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,10 +27,10 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    script = ROOT / "benchmarks" / "_first_barrier.py"
-    script.write_text(RANK_SCRIPT + "\n")
     samples = []
-    try:
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "first_barrier.py"
+        script.write_text(RANK_SCRIPT + "\n")
         for _ in range(args.repeats):
             start = time.time()
             done = subprocess.run(
@@ -45,8 +46,6 @@ def main() -> int:
                 return 1
             samples.append(max(stamps) - start)
             print(f"run: {samples[-1]:.3f} s", flush=True)
-    finally:
-        script.unlink()
     print(f"collsvc run -n {args.n} to first barrier: median {statistics.median(samples):.3f} s")
     return 0
 

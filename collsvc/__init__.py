@@ -1,12 +1,13 @@
 """collsvc: collective communication for distributed training.
 
-See API.md for the contract: ``collsvc.init()`` returns a :class:`Communicator`; module-level functions
-act on the default one.
+See docs/api.md for the contract: ``collsvc.init()`` returns a :class:`Communicator` (called again for
+the same job, the same one); module-level functions act on the default one.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the public names, for type checkers and IDEs; loaded lazily at run time
+    from collsvc import elastic
     from collsvc._api import (
         all_gather,
         all_gather_object,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # the public names, for type checkers and IDEs; loaded lazily
         CollectiveMismatchError,
         CollectiveTimeoutError,
         CollsvcError,
+        JobBrokenError,
         RankFailedError,
         RendezvousError,
         ResourceLimitError,
@@ -68,6 +70,7 @@ _LAZY = {
             "CollectiveMismatchError",
             "CollectiveTimeoutError",
             "CollsvcError",
+            "JobBrokenError",
             "RankFailedError",
             "RendezvousError",
             "ResourceLimitError",
@@ -85,6 +88,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _OPS:
         return getattr(importlib.import_module("collsvc.types").ReduceOp, name)
+    if name == "elastic":  # the subpackage collsvc.elastic (State, run), imported on first use
+        return importlib.import_module("collsvc.elastic")
     if not name.startswith("__"):
         api = importlib.import_module("collsvc._api")
         if hasattr(api, name):
@@ -110,6 +115,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CollsvcError",
     "Communicator",
+    "JobBrokenError",
     "RankFailedError",
     "ReduceOp",
     "RendezvousError",
@@ -125,6 +131,7 @@ __all__ = [
     "broadcast_object",
     "default_communicator",
     "destroy",
+    "elastic",
     "find_group",
     "gather",
     "get_local_rank",

@@ -1,18 +1,38 @@
-"""``collsvc.init`` and the module-level functions that act on the default communicator."""
+"""``collsvc.init`` and the module-level functions that act on the default communicator.
+
+A process holds at most one default communicator. ``init`` called again while it is open returns it
+when the arguments name the same job, and raises :class:`RendezvousError` when they name another one
+(``destroy`` first), so a library that calls ``init`` defensively never tries to join a job twice.
+
+A process that ends normally without ``destroy`` (its script returns, ``sys.exit``, or Ctrl-C's
+``KeyboardInterrupt``) leaves the job at interpreter exit, so the coordinator sees a clean departure.
+One that dies of an uncaught exception keeps the old meaning: its heartbeat stream closes without a
+leave and the coordinator marks it failed. Ranks of ``collsvc run`` (``COLLSVC_LEAVE_ON_SIGTERM=1``)
+also leave when the launcher stops them with SIGTERM.
+"""
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
+import signal
+import sys
 import threading
+from types import FrameType
 from typing import Any
 
 from collsvc.client.communicator import WORLD, Communicator
 from collsvc.client.job import connect
-from collsvc.config import resolve_init
-from collsvc.errors import CollsvcError
-from collsvc.types import ReduceOp
+from collsvc.config import leave_on_sigterm, resolve_init
+from collsvc.errors import CollsvcError, RendezvousError
+from collsvc.types import InitOptions, ReduceOp
+
+log = logging.getLogger(__name__)
 
 _default: Communicator | None = None
 _lock = threading.Lock()
+_leave_at_exit_registered = False
 
 
 def init(
@@ -26,22 +46,123 @@ def init(
 ) -> Communicator:
     """Joins a job and returns its world communicator (also the process-wide default).
 
-    Arguments left None come from the environment (see ``collsvc.config``).
+    Arguments left None come from the environment (see ``collsvc.config``). Called again while the
+    default communicator is open, it returns that communicator when the arguments name the same job
+    (same coordinator, job id, world size, backend, timeout and token, and no other rank); it never
+    joins twice.
 
     Raises:
         ValueError: no coordinator or world size given or found in the environment, or a bad value.
-        RendezvousError: world-size disagreement, duplicate rank, full job, device clash, or no
-            coordinator within ``timeout``.
+        RendezvousError: this process already joined another job (call ``collsvc.destroy()`` first),
+            world-size disagreement, duplicate rank, full job, device clash, or no coordinator within
+            ``timeout``.
         AuthenticationError: missing or wrong token, or TLS refused.
         BackendUnavailableError: ``backend="nccl"`` without CuPy or a GPU.
     """
     global _default
-    options = resolve_init(coordinator, world_size, rank, backend, timeout, token, job_id)
-    job = connect(options)
-    comm = Communicator(job, WORLD, [m.rank for m in job.members])
-    with _lock:
-        _default = comm
-    return comm
+    try:
+        options = resolve_init(coordinator, world_size, rank, backend, timeout, token, job_id)
+    except ValueError:
+        # A bare init() from code that runs after the job was joined with explicit arguments, where
+        # the environment names no job: it can only mean the joined one.
+        bare = (coordinator, world_size, rank, token, job_id) == (None,) * 5 and (backend, timeout) == ("auto", 300.0)
+        current = _default
+        if bare and current is not None and _is_open(current):
+            return current
+        raise
+    with _lock:  # held across the join: two threads calling init at once must not join twice
+        if _default is not None and _is_open(_default):
+            _check_same_job(_default, options)
+            log.info(
+                "job %s rank %d: init called again with the same job; returning the existing communicator",
+                options.job_id,
+                _default.rank,
+            )
+            return _default
+        job = connect(options)
+        _default = Communicator(job, WORLD, [m.rank for m in job.members])
+        _register_leave_at_exit()
+        if leave_on_sigterm():
+            _install_sigterm_leave()
+        return _default
+
+
+def _is_open(comm: Communicator) -> bool:
+    # A world communicator closed directly (comm.close() rather than destroy()) no longer counts.
+    return not (comm._closed or comm._job.closed)
+
+
+def _check_same_job(comm: Communicator, wanted: InitOptions) -> None:
+    """Raises RendezvousError naming every argument in which ``wanted`` differs from the joined job."""
+    joined = comm._job.options
+    differences = [
+        f"{name} {getattr(wanted, name)!r} (joined with {getattr(joined, name)!r})"
+        for name in ("coordinator", "job_id", "world_size", "backend", "timeout")
+        if getattr(wanted, name) != getattr(joined, name)
+    ]
+    if wanted.token != joined.token:
+        differences.append("another token")
+    if wanted.rank is not None and wanted.rank != comm.rank:
+        differences.append(f"rank {wanted.rank} (joined as rank {comm.rank})")
+    if differences:
+        raise RendezvousError(
+            f"this process already joined job {joined.job_id!r} as rank {comm.rank} of {comm.size} "
+            f"at {joined.coordinator}; init was called again with {', '.join(differences)}. "
+            "Call collsvc.destroy() before joining another job."
+        )
+
+
+def _register_leave_at_exit() -> None:
+    global _leave_at_exit_registered
+    if not _leave_at_exit_registered:
+        atexit.register(_leave_at_exit)
+        _leave_at_exit_registered = True
+
+
+def _install_sigterm_leave() -> None:
+    """Makes SIGTERM leave the job before the process dies of it, where SIGTERM still kills by default.
+
+    ``collsvc run`` stops its ranks with SIGTERM (Ctrl-C, another rank's failure, ``--timeout``); a
+    stopped rank then departs cleanly instead of being reported failed by the coordinator. A handler
+    the script installed itself is left alone, and only the main thread can install one.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _leave_then_die)
+
+
+def _leave_then_die(signum: int, frame: FrameType | None) -> None:
+    # Only the Leave call (bounded at 5 s), not destroy(), and without the progress snapshot: the
+    # interrupted code may hold any of their locks. The coordinator keeps the last heartbeat's progress.
+    # Then the signal's default action, so the exit status still says "killed by SIGTERM".
+    signal.signal(signum, signal.SIG_DFL)
+    comm = _default
+    if comm is not None and _is_open(comm):
+        comm._job.client.leave()
+    os.kill(os.getpid(), signum)
+
+
+def _leave_at_exit() -> None:
+    """Leaves the job when the interpreter ends normally with the default communicator still open.
+
+    An uncaught exception other than KeyboardInterrupt is a crash: the process then ends without
+    leaving, and the coordinator reports it failed as before (``sys.last_value`` is set by Python
+    when it prints an uncaught exception, just before the exit handlers run).
+    """
+    if signal.getsignal(signal.SIGTERM) is _leave_then_die:
+        # The process is on its way out with its own exit status, which tells the launcher whether
+        # this rank failed by itself (sys.exit(1)) or not; a stop requested now must not turn that
+        # into "killed by SIGTERM". SIG_IGN, unlike a Python handler, outlives interpreter shutdown.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    crash = getattr(sys, "last_value", None)
+    interactive = hasattr(sys, "ps1")  # an interactive session keeps the last error of any statement
+    if crash is not None and not interactive and not isinstance(crash, KeyboardInterrupt):
+        return
+    try:
+        destroy()
+    except Exception as exc:  # noqa: BLE001 - an exit handler must not raise; the stream end tells the rest
+        log.info("collsvc: leaving the job at exit failed: %s", exc)
 
 
 def is_initialized() -> bool:

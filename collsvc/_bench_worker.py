@@ -63,24 +63,28 @@ def main() -> int:
         out_count = count // n if op == "reduce_scatter" else count
         x = xp.ones(max(in_count, 1), dtype=dtype)
         out = xp.empty(max(out_count, 1), dtype=dtype)
+        warm_start = time.perf_counter()
         for _ in range(config["warmup"]):
             _operation(comm, op, x, out)
+        per_call = (time.perf_counter() - warm_start) / max(config["warmup"], 1)
+        # Every rank must run the same number of iterations (a rank that stopped on its own clock would
+        # call the next collective while the others still run this one: a mismatch). The slowest
+        # rank's warm-up sets how many fit the time budget.
+        per_call = float(comm.all_reduce(np.array([per_call]), collsvc.MAX)[0])
+        iterations = max(min(config["iters"], int(SECONDS_PER_SIZE / max(per_call, 1e-9))), 3)
         comm.barrier()
         times: list[float] = []
         cpu_start = _cpu_seconds()
-        budget_end = time.perf_counter() + SECONDS_PER_SIZE
-        for i in range(config["iters"]):
+        for _ in range(iterations):
             start = time.perf_counter()
             _operation(comm, op, x, out)
             if config["device"] == "cuda":
                 xp.cuda.get_current_stream().synchronize()
             times.append(time.perf_counter() - start)
-            if i >= 2 and time.perf_counter() > budget_end:
-                break
         cpu = _cpu_seconds() - cpu_start
-        # The slowest rank defines each iteration's time; ranks agree on how many iterations ran.
-        count_times = int(comm.all_reduce(np.array([len(times)]), collsvc.MIN)[0])
-        slowest = comm.all_reduce(np.array(times[:count_times]), collsvc.MAX)
+        # The slowest rank defines each iteration's time.
+        count_times = len(times)
+        slowest = comm.all_reduce(np.array(times), collsvc.MAX)
         seconds = float(statistics.median(slowest.tolist()))
         if config["check"] and op == "all_reduce":
             assert float(out.reshape(-1)[0]) == float(n), "all_reduce result is wrong"

@@ -1,7 +1,22 @@
 """The collsvc error tree, and the one table that maps it to and from gRPC.
 
 Every error a user can catch subclasses :class:`CollsvcError`. Bad arguments caught locally, before
-anything is sent, raise the built-in :class:`ValueError` or :class:`TypeError` instead.
+anything is sent, raise the built-in :class:`ValueError` or :class:`TypeError` instead::
+
+    CollsvcError
+    ├── JobBrokenError              the job cannot go on as it is (catch this to re-form or restart)
+    │   ├── RankFailedError         a member died, froze or left while others still needed it
+    │   ├── CollectiveMismatchError members called different collectives at the same step
+    │   └── AbortedError            a member aborted the job
+    ├── CollectiveTimeoutError      a collective or barrier outlived its timeout (names who is missing)
+    ├── RendezvousError             joining failed, or the coordinator was lost past its grace period
+    ├── AuthenticationError         missing or wrong token, or TLS refused
+    ├── BackendUnavailableError     the requested backend cannot run here (says how to fix it)
+    └── ResourceLimitError          a request exceeded a configured size limit
+
+Callers catch by meaning: ``except JobBrokenError`` for "this job is over, heal or restart",
+``except CollectiveTimeoutError`` for "too slow or stuck", ``except CollsvcError`` for anything of
+ours. Messages say what happened and which rank; the attributes carry the same facts for code.
 
 The coordinator and peer servers put an :class:`ErrorReason` name in the ``collsvc-error-reason``
 trailing metadata of every failed call; :func:`error_from_rpc` turns a ``grpc.RpcError`` back into the
@@ -27,7 +42,13 @@ class CollsvcError(Exception):
     """Base of every collsvc error."""
 
 
-class RankFailedError(CollsvcError):
+class JobBrokenError(CollsvcError):
+    """The job cannot go on as it is: a member failed or left, members disagreed on a call, or the job
+    was aborted. Every later collective of the affected groups raises too. An elastic job re-forms on
+    it; any other job ends (its processes may join a new job on the same coordinator)."""
+
+
+class RankFailedError(JobBrokenError):
     """A member of the job died, froze or left while others still needed it.
 
     Raised on every surviving rank, for the pending collective and every later one.
@@ -61,7 +82,7 @@ class CollectiveTimeoutError(CollsvcError):
         return [int(w["rank"]) for w in self.waiting_on]
 
 
-class CollectiveMismatchError(CollsvcError):
+class CollectiveMismatchError(JobBrokenError):
     """Ranks called different collectives, ops, dtypes, shapes or roots at the same step.
 
     Raised on every rank of the group before any data moves.
@@ -85,7 +106,7 @@ class RendezvousError(CollsvcError):
     or the coordinator was unreachable past the timeout."""
 
 
-class AbortedError(CollsvcError):
+class AbortedError(JobBrokenError):
     """The job was aborted (``Communicator.abort``); carries the reason.
 
     Attributes:

@@ -17,10 +17,12 @@ import dataclasses
 import os
 import queue
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +30,8 @@ from types import FrameType
 from typing import Any
 
 from collsvc._output import LinePump, write_line
+from collsvc._parent_watch import wrap_command
+from collsvc.failure_report import REPORT_DIR_ENV, failure_summary, read_reports
 
 EXIT_TIMEOUT = 124  # like coreutils timeout(1)
 _AFTER_KILL_WAIT = 5.0  # seconds to wait for SIGKILLed ranks to be reaped before giving up on them
@@ -48,6 +52,8 @@ class LaunchSpec:
         job_id: passed to the ranks as ``COLLSVC_JOB_ID``.
         grace: seconds between SIGTERM and SIGKILL when stopping ranks.
         timeout: seconds the whole job may run before it is stopped, or None for no limit.
+        min_ranks: elastic: failed ranks do not stop the job while this many remain (None: not elastic).
+        max_restarts: elastic: replacements started for failed ranks, in total.
     """
 
     command: Sequence[str]
@@ -59,6 +65,9 @@ class LaunchSpec:
     job_id: str = "default"
     grace: float = 3.0
     timeout: float | None = None
+    # Elastic supervision (collsvc/elastic/launch.py): --min-ranks, --max-restarts.
+    min_ranks: int | None = None
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -75,6 +84,15 @@ class LaunchSpec:
             raise ValueError(f"--timeout must be > 0, got {self.timeout}")
         if not self.command:
             raise ValueError("no command to run")
+        if self.max_restarts < 0:
+            raise ValueError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.min_ranks is not None and not 1 <= self.min_ranks <= self.nproc:
+            raise ValueError(f"--min-ranks must be between 1 and -n ({self.nproc}), got {self.min_ranks}")
+
+    @property
+    def elastic(self) -> bool:
+        """Whether failed ranks may be dropped or replaced (``--min-ranks`` / ``--max-restarts``)."""
+        return self.min_ranks is not None or self.max_restarts > 0
 
 
 def describe_exit(returncode: int) -> str:
@@ -100,6 +118,7 @@ def rank_env(
         COLLSVC_RANK=str(spec.node_rank * spec.nproc + local_rank),
         COLLSVC_LOCAL_RANK=str(local_rank),
         COLLSVC_JOB_ID=spec.job_id,
+        COLLSVC_LEAVE_ON_SIGTERM="1",  # the launcher stops ranks with SIGTERM: they leave, not fail
         PYTHONUNBUFFERED="1",
     )
     if token:
@@ -141,6 +160,10 @@ class Launcher:
         self._events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()
         self._ranks: list[_Rank] = []
         self._signalled: int | None = None
+        self._failed_order: list[int] = []  # ranks that exited non-zero, in the order they did
+        self._failed_unstopped: set[int] = set()  # ... not because the launcher stopped them
+        self._signals_sent: set[int] = set()  # signals the launcher sent its ranks
+        self._report_dir: str | None = None  # where ranks write why they failed (failure_report)
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -160,13 +183,20 @@ class Launcher:
     # -- processes -------------------------------------------------------------------------------
 
     def _spawn(self, coordinator: str, token: str | None) -> None:
+        # Each rank dies with this process even when it is SIGKILLed (see collsvc/_parent_watch.py).
+        # Linux ties that to the thread that starts the rank: this one, which then supervises the ranks
+        # until all have exited.
+        command = wrap_command(self.spec.command, os.getpid())
         for local_rank in range(self.spec.nproc):
             if self._signalled:
                 return
             rank = self.spec.node_rank * self.spec.nproc + local_rank
+            env = rank_env(os.environ, self.spec, coordinator, token, local_rank)
+            if self._report_dir is not None:
+                env[REPORT_DIR_ENV] = self._report_dir
             process = subprocess.Popen(
-                list(self.spec.command),
-                env=rank_env(os.environ, self.spec, coordinator, token, local_rank),
+                command,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -189,6 +219,7 @@ class Launcher:
         self._events.put(("exit", rank, process.wait()))
 
     def _signal_all(self, signum: int) -> None:
+        self._signals_sent.add(signum)
         for entry in self._ranks:
             with contextlib.suppress(OSError):  # OSError: the whole group is gone already
                 os.killpg(entry.process.pid, signum)
@@ -208,6 +239,7 @@ class Launcher:
             was interrupted; 124 when ``spec.timeout`` expired; 1 when a rank could not be started.
         """
         previous = self._install_handlers()
+        self._report_dir = tempfile.mkdtemp(prefix="collsvc-run-reports-")
         try:
             try:
                 self._spawn(coordinator, token)
@@ -219,6 +251,7 @@ class Launcher:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            shutil.rmtree(self._report_dir, ignore_errors=True)
 
     def _stop_now(self) -> None:
         self._signal_all(signal.SIGKILL)
@@ -272,6 +305,11 @@ class Launcher:
                 continue
             pending.discard(rank)
             by_rank[rank].returncode = value
+            if value != 0:
+                self._failed_order.append(rank)
+                # Dying of a signal the launcher itself sent is not failing by itself.
+                if not any(value in (-signum, 128 + signum) for signum in self._signals_sent):
+                    self._failed_unstopped.add(rank)
             if value != 0 and failed is None and stopped_by is None and not timed_out:
                 failed = by_rank[rank]
                 begin_stop()
@@ -287,8 +325,10 @@ class Launcher:
 
     def _summarize(self, failed: _Rank | None, stopped_by: int | None, timed_out: bool) -> int:
         if failed is not None and failed.returncode is not None:
-            why = describe_exit(failed.returncode)
-            self._say(f"collsvc run: rank {failed.rank} on host {self.host} failed: {why}")
+            reports = read_reports(self._report_dir) if self._report_dir else {}
+            exits = {e.rank: describe_exit(e.returncode) for e in self._ranks if e.returncode is not None}
+            order = self._failed_order or [failed.rank]
+            self._say(failure_summary(reports, order, self._failed_unstopped, exits, self.host))
             code = failed.returncode
             return code if code > 0 else 128 - code
         if stopped_by is not None:
@@ -305,18 +345,20 @@ class Launcher:
         return 0
 
 
-def launch(spec: LaunchSpec) -> int:
+def launch(spec: LaunchSpec, launcher: Launcher | None = None) -> int:
     """Runs ``spec`` to completion, with an embedded coordinator unless ``spec.coordinator`` is set.
 
     Args:
         spec: what to start.
+        launcher: who supervises the ranks (default: a :class:`Launcher`; elastic jobs pass
+            ``collsvc.elastic.launch.ElasticLauncher``).
 
     Returns:
         The exit status of ``collsvc run`` (see :meth:`Launcher.run`).
     """
-    launcher = Launcher(spec)
+    launcher = launcher or Launcher(spec)
     if spec.coordinator is not None:
-        return launcher.run(spec.coordinator, spec.token)
+        return merge_timeline(spec, launcher, launcher.run(spec.coordinator, spec.token))
     token = secrets.token_urlsafe(32)
     # The coordinator listens before any rank starts, so a rank's first call never meets a closed port.
     try:
@@ -328,7 +370,22 @@ def launch(spec: LaunchSpec) -> int:
     except Exception as exc:  # any failure to start is reported in one line, not a traceback
         launcher._say(f"collsvc run: cannot start the embedded coordinator: {type(exc).__name__}: {exc}")
         return 1
+    # The summary waits until the coordinator has stopped, so its last log lines cannot follow it.
+    said: list[str] = []
+    launcher._say = said.append
     try:
-        return launcher.run(f"127.0.0.1:{port}", token)
+        return merge_timeline(spec, launcher, launcher.run(f"127.0.0.1:{port}", token))
     finally:
         server.stop()
+        for line in said:
+            write_line(sys.stderr, line + "\n")
+
+
+def merge_timeline(spec: LaunchSpec, launcher: Launcher, code: int) -> int:
+    """After the ranks exited: merges their ``COLLSVC_TIMELINE`` parts (if any); returns ``code``, unchanged."""
+    from collsvc.observability.timeline import merge_after_launch
+
+    said = merge_after_launch(several_nodes=spec.nnodes > 1)
+    if said:
+        launcher._say(f"collsvc run: {said}")
+    return code

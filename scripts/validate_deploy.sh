@@ -117,7 +117,7 @@ validate() {
   kv=$(find_tool kubernetes-validate)
   versions=$(kube_versions "$kv")
   read -r oldest newest <<<"$versions"
-  for dir in deploy/k8s/base deploy/k8s/overlays/gpu; do
+  for dir in deploy/k8s/base deploy/k8s/overlays/gpu deploy/k8s/overlays/large; do
     out="$tmp/$(basename "$dir").yaml"
     log "$k $dir; kubernetes-validate --strict -k $oldest / $newest"
     $k "$dir" >"$out" || { rc=1; continue; }

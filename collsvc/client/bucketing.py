@@ -9,14 +9,17 @@ when gradients become ready in a different order on different ranks.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from collsvc.arrays import adapt
 from collsvc.client.work import Work
 from collsvc.types import ReduceOp, check_op_dtype, numpy_dtype
 
-if TYPE_CHECKING:
-    from collsvc.client.communicator import Communicator
+
+class AllReducer(Protocol):
+    """What the bucketer needs of a communicator (the Communicator is one)."""
+
+    def all_reduce(self, x: Any, op: ReduceOp = ..., *, out: Any = ..., async_op: bool = ...) -> Any: ...
 
 
 class GradientBucketer:
@@ -25,7 +28,7 @@ class GradientBucketer:
     Results are written back in place into the given arrays.
     """
 
-    def __init__(self, comm: Communicator, arrays: list[Any], pack_size: int, op: ReduceOp) -> None:
+    def __init__(self, comm: AllReducer, arrays: list[Any], pack_size: int, op: ReduceOp) -> None:
         if not arrays:
             raise ValueError("all_reduce_callback needs at least one array")
         if isinstance(pack_size, bool) or not isinstance(pack_size, int) or pack_size < 1:

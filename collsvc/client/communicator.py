@@ -11,11 +11,11 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from collsvc.client import bucketing, objects, ops
-from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature, describe_call
 from collsvc.client.devices import caller_gpu_context
 from collsvc.client.job import Job
 from collsvc.client.work import Work
@@ -29,10 +29,7 @@ WORLD = "world"
 
 def describe(signature: Signature) -> str:
     """A call as people read it in logs, status and errors: ``all_reduce(float32[1024], SUM)``."""
-    if not signature.dtype:
-        return signature.op
-    extras = [e for e in (signature.reduce_op, None if signature.root is None else f"root={signature.root}") if e]
-    return f"{signature.op}({signature.dtype}{list(signature.shape)}{''.join(', ' + e for e in extras)})"
+    return describe_call(signature.describe())
 
 
 class Communicator:
@@ -72,6 +69,10 @@ class Communicator:
         return f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
 
     @property
+    def _view(self) -> ops.GroupView:
+        return ops.GroupView(self.name, self.rank, self.size, self._ranks, self._job.nccl is not None)
+
+    @property
     def global_ranks(self) -> tuple[int, ...]:
         """The job-wide ranks of this group's members, in group order."""
         return self._ranks
@@ -91,39 +92,37 @@ class Communicator:
             self._seqs[stream] = seq
             return seq
 
-    def _issue(
-        self,
-        signature: Signature,
-        body: Callable[[Call, Any], T],
-        *,
-        async_op: bool = False,
-        on_gpu: bool = False,
-        stream: str | None = None,
-        spec: GroupSpec | None = None,
-        timeout: float | None = None,
-    ) -> T | Work[T]:
-        """Numbers a call and runs ``body(call, backend)`` in issue order; maps failures for every rank."""
+    def _issue(self, planned: ops.Planned, *, async_op: bool = False, timeout: float | None = None) -> Any:
+        """Numbers a planned call and runs its body in issue order; maps failures for every rank.
+
+        Returns:
+            The body's result, or a :class:`Work` for it with ``async_op``.
+        """
         self._check_usable()
-        stream = stream or self.name
+        signature, body = planned.signature, planned.body
+        stream = planned.stream or self.name
         seq = self._next_seq(stream)
-        backend = self._job.backend_for(on_gpu)
-        group = spec or self._spec
+        backend = self._job.backend_for(planned.on_gpu)
+        group = planned.spec or self._spec
         description = describe(signature)
         # CuPy arrays (on either backend) may run on the worker thread: take the caller's device and stream.
         gpu_context = caller_gpu_context() if "cupy" in sys.modules else contextlib.nullcontext
 
-        def execute() -> T:
+        def execute() -> Any:
             self._job.failure.check()
             limit = self._job.options.timeout if timeout is None else timeout
             call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)
             record = self._job.progress.start(stream, seq, description)
+            span = self._job.recorder.start(call)
             try:
                 with gpu_context():
                     result = body(call, backend)
             except CollsvcError as exc:
                 self._job.progress.finish(record, type(exc).__name__)
+                self._job.recorder.finish(span, type(exc).__name__)
                 raise self._job.on_failure(call, exc) from exc
             self._job.progress.finish(record)
+            self._job.recorder.finish(span)
             return result
 
         if async_op:
@@ -151,7 +150,7 @@ class Communicator:
             ValueError: ``out`` has the wrong shape.
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: see API.md.
         """
-        return ops.all_reduce(self, x, op, out=out, async_op=async_op)
+        return self._issue(ops.all_reduce(self._view, x, op, out=out), async_op=async_op)
 
     def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
@@ -159,7 +158,8 @@ class Communicator:
         Raises:
             TypeError / ValueError: as all_reduce, or ``dst`` is not a rank of this communicator.
         """
-        return ops.reduce(self, x, self._group_rank(dst, "dst"), op, out=out, async_op=async_op)
+        planned = ops.reduce(self._view, x, self._group_rank(dst, "dst"), op, out=out)
+        return self._issue(planned, async_op=async_op)
 
     def broadcast(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
         """Every rank gets ``src``'s array (``x`` gives the shape and dtype on every rank).
@@ -167,7 +167,8 @@ class Communicator:
         Raises:
             TypeError / ValueError: unsupported array, wrong ``out``, or ``src`` out of range.
         """
-        return ops.broadcast(self, x, self._group_rank(src, "src"), out=out, async_op=async_op)
+        planned = ops.broadcast(self._view, x, self._group_rank(src, "src"), out=out)
+        return self._issue(planned, async_op=async_op)
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Every rank's ``x`` concatenated along axis 0 in rank order (0-d arrays count as shape (1,)).
@@ -175,7 +176,7 @@ class Communicator:
         Raises:
             TypeError / ValueError: unsupported array, or ``out`` of the wrong shape.
         """
-        return ops.all_gather(self, x, out=out, async_op=async_op)
+        return self._issue(ops.all_gather(self._view, x, out=out), async_op=async_op)
 
     def reduce_scatter(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Rank r gets block r (along axis 0) of the reduction.
@@ -183,11 +184,12 @@ class Communicator:
         Raises:
             ValueError: ``x.shape[0]`` is not divisible by the size, or ``out`` has the wrong shape.
         """
-        return ops.reduce_scatter(self, x, op, out=out, async_op=async_op)
+        return self._issue(ops.reduce_scatter(self._view, x, op, out=out), async_op=async_op)
 
     def gather(self, x: Any, dst: int, *, out: Any = None, async_op: bool = False) -> Any:
         """Like all_gather, with the result on ``dst`` only (None elsewhere)."""
-        return ops.gather(self, x, self._group_rank(dst, "dst"), out=out, async_op=async_op)
+        planned = ops.gather(self._view, x, self._group_rank(dst, "dst"), out=out)
+        return self._issue(planned, async_op=async_op)
 
     def scatter(self, x: Any, src: int, *, out: Any = None, async_op: bool = False) -> Any:
         """Rank r gets block r of ``src``'s ``x``. Other ranks may pass ``x=None`` with ``out=``.
@@ -195,7 +197,8 @@ class Communicator:
         Raises:
             ValueError: ``x.shape[0]`` on ``src`` not divisible by the size; neither ``x`` nor ``out``.
         """
-        return ops.scatter(self, x, self._group_rank(src, "src"), out=out, async_op=async_op)
+        planned = ops.scatter(self._view, x, self._group_rank(src, "src"), out=out)
+        return self._issue(planned, async_op=async_op)
 
     def all_to_all(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Block j of rank i's ``x`` lands as block i of rank j's result.
@@ -203,7 +206,7 @@ class Communicator:
         Raises:
             ValueError: ``x.shape[0]`` not divisible by the size.
         """
-        return ops.all_to_all(self, x, out=out, async_op=async_op)
+        return self._issue(ops.all_to_all(self._view, x, out=out), async_op=async_op)
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Sends ``x`` to ``dst``; returns once it was delivered to ``dst``'s endpoint.
@@ -211,7 +214,7 @@ class Communicator:
         Raises:
             ValueError: ``dst`` is this rank or out of range.
         """
-        ops.send(self, x, self._group_rank(dst, "dst"), tag)
+        self._issue(ops.send(self._view, x, self._group_rank(dst, "dst"), tag))
 
     def recv(self, src: int, tag: int = 0, *, out: Any = None, shape: Any = None, dtype: Any = None) -> Any:
         """Receives the next array ``src`` sent with ``tag`` (shape and dtype from ``out`` or the arguments).
@@ -220,7 +223,8 @@ class Communicator:
             ValueError: ``src`` is this rank or out of range; neither ``out`` nor ``shape`` and ``dtype``.
             CollectiveMismatchError: the sender's array has another shape or dtype.
         """
-        return ops.recv(self, self._group_rank(src, "src"), tag, out=out, shape=shape, dtype=dtype)
+        planned = ops.recv(self._view, self._group_rank(src, "src"), tag, out=out, shape=shape, dtype=dtype)
+        return self._issue(planned)
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns when every rank of this communicator entered the barrier.
@@ -236,10 +240,10 @@ class Communicator:
             self._barriers += 1
             generation = self._barriers
 
-        def body(call: Call, backend: Any) -> None:
+        def body(call: Call, backend: Backend) -> None:
             self._job.client.barrier(self.name, self._job.rank, generation, wait)
 
-        self._issue(Signature("barrier", "", ()), body, timeout=wait)
+        self._issue(ops.Planned(Signature("barrier", "", ()), body, on_gpu=False), timeout=wait)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``src``'s picklable object on every rank (unpickled only from authenticated peers).
@@ -248,11 +252,16 @@ class Communicator:
             AuthenticationError: the job has neither token nor TLS (set COLLSVC_TOKEN, or
                 COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE=1 to accept the risk).
         """
-        return objects.broadcast_object(self, obj, self._group_rank(src, "src"))
+        return objects.broadcast_object(self, obj, self._group_rank(src, "src"), allowed=self._pickle_allowed())
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's picklable object, in rank order (same authentication rule as broadcast_object)."""
-        return objects.all_gather_object(self, obj)
+        return objects.all_gather_object(self, obj, allowed=self._pickle_allowed())
+
+    def _pickle_allowed(self) -> bool:
+        """Whether peers are authenticated (token or TLS) or the user accepted unpickling without it."""
+        options = self._job.options
+        return bool(options.token or options.tls is not None or options.allow_pickle)
 
     def all_reduce_callback(
         self, arrays: Sequence[Any], pack_size: int, op: ReduceOp = ReduceOp.AVG

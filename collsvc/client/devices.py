@@ -18,20 +18,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+from collsvc.client.backends.nccl.probe import INSTALL_HINT, load_cupy, unavailable_reason
 from collsvc.errors import BackendUnavailableError, RendezvousError
 from collsvc.proto.v1 import common_pb2
 
 log = logging.getLogger(__name__)
-
-INSTALL_HINT = "pip install 'collsvc[cuda12]'"
 
 _BACKENDS = ("auto", "nccl", "ring")
 
 
 def _cupy() -> Any:
     """CuPy when the NCCL backend can run here (``load_cupy`` succeeds); else None. Never raises."""
-    from collsvc.client.backends.nccl_comm import load_cupy
-
     try:
         return load_cupy()[0]
     except Exception:
@@ -46,13 +43,8 @@ def cupy_available() -> bool:
 
 def _why_no_gpu() -> str:
     """What stops this process from running the NCCL backend, in words (with the fix)."""
-    from collsvc.client.backends.nccl_comm import load_cupy
-
-    try:
-        load_cupy()
-    except BackendUnavailableError as exc:
-        return str(exc)
-    return f"CuPy with NCCL and a visible CUDA GPU are needed ({INSTALL_HINT})"
+    reason = unavailable_reason()
+    return reason or f"CuPy with NCCL and a visible CUDA GPU are needed ({INSTALL_HINT})"
 
 
 def _uuid_from_cupy(cupy: Any, index: int) -> str:

@@ -12,9 +12,9 @@ import logging
 import os
 import socket
 import time
-from typing import Any
 
-from collsvc.client.backends.base import Call
+from collsvc.client.backends.base import Backend, Call
+from collsvc.client.backends.reduction import reducing_ns
 from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
 from collsvc.client.backends.ring.mailbox import Mailbox
@@ -22,6 +22,7 @@ from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.client.heartbeat import FailureState, ProgressTracker, Watcher
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.client.work import OrderedExecutor
+from collsvc.config import timeline_target
 from collsvc.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -29,6 +30,8 @@ from collsvc.errors import (
     RankFailedError,
     RendezvousError,
 )
+from collsvc.failure_report import install as install_failure_report
+from collsvc.observability.recorder import CallRecorder
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
 from collsvc.types import InitOptions, Limits
 
@@ -109,6 +112,9 @@ class Job:
         self.failure = FailureState()
         self.failure.add_listener(mailbox.fail)
         self.progress = ProgressTracker()
+        self.recorder = CallRecorder(
+            options.job_id, join.rank, options.host, timeline_target(), reduce_clock=reducing_ns
+        )
         self.executor = OrderedExecutor(f"collsvc-r{join.rank}")
         self.transport = GrpcTransport(
             join.rank,
@@ -130,7 +136,7 @@ class Job:
             small_bytes=options.small_bytes,
             rooted_agreement=options.rooted_agreement,
         )
-        self.nccl: Any = None
+        self.nccl: Backend | None = None  # NcclBackend, checked against the protocol by mypy
         self.backend_name = "ring"
         self.watcher = Watcher(
             client,
@@ -140,6 +146,7 @@ class Job:
             failure=self.failure,
             departed=self._departed,
             coordinator_grace=options.coordinator_grace,
+            stats=self.recorder.stats.snapshot,
         )
         self.departed: dict[int, RankFailedError] = {}
         self.closed = False
@@ -155,8 +162,10 @@ class Job:
             RendezvousError / BackendUnavailableError: the requested backend cannot run on these members.
         """
         self.watcher.start(self.options.timeout)
+        install_failure_report()  # an uncaught collsvc error then reads as a short story
         self._choose_backend()
         self.failure.add_listener(self._abort_backends)
+        self.failure.add_listener(self._write_flight_recorder)  # after waking every waiter: file I/O
 
     def _choose_backend(self) -> None:
         try:
@@ -166,7 +175,7 @@ class Job:
         name, reason = choose_backend(self.options.backend, self.members, self.rank)
         log.info("job %s rank %d: backend %s (%s)", self.options.job_id, self.rank, name, reason)
         if name == "nccl":
-            from collsvc.client.backends.nccl import NcclBackend
+            from collsvc.client.backends.nccl.backend import NcclBackend
 
             self.nccl = NcclBackend(
                 rank=self.rank,
@@ -205,7 +214,7 @@ class Job:
         if self.nccl is not None:
             self.nccl.abort(error)
 
-    def backend_for(self, on_gpu: bool) -> Any:
+    def backend_for(self, on_gpu: bool) -> Backend:
         return self.nccl if on_gpu and self.nccl is not None else self.ring
 
     def on_failure(self, call: Call, error: CollsvcError) -> CollsvcError:
@@ -224,11 +233,16 @@ class Job:
         if isinstance(error, CollectiveMismatchError):
             details = {str(k): v for k, v in error.details.items()}
             self.client.report(coordinator_pb2.EVENT_KIND_COLLECTIVE_MISMATCH, str(error), details)
-        if self.failure.set(error):
-            path = self.progress.dump(self.options.job_id, self.rank, error)
-            log.error("job %s rank %d: %s (recent collectives in %s)", self.options.job_id, self.rank, error, path)
+        self.failure.set(error)  # the first failure also writes the flight recorder (_write_flight_recorder)
         recorded = self.failure.error()
         return recorded if isinstance(recorded, CollsvcError) else error
+
+    def _write_flight_recorder(self, error: BaseException) -> None:
+        """Dumps the flight recorder on this rank's first failure, whether its own call or a job event
+        (another rank's mismatch report, a failed member) brought it: every rank leaves a dump for
+        ``collsvc diagnose``, not only the ones that noticed first."""
+        path = self.progress.dump(self.options.job_id, self.rank, error)
+        log.error("job %s rank %d: %s (recent collectives in %s)", self.options.job_id, self.rank, error, path)
 
     def _departure(self, error: RankFailedError) -> bool:
         """Whether ``error`` only says that members left cleanly (no failure recorded meanwhile)."""
@@ -263,6 +277,7 @@ class Job:
         self.closed = True
         self.client.leave(self.progress.snapshot())
         self.watcher.stop()
+        self.recorder.close()
         self.executor.shutdown()
         if self.nccl is not None:
             self.nccl.close()
@@ -292,7 +307,12 @@ def connect(options: InitOptions) -> Job:
         max_message_bytes=Limits().max_message_bytes,
     )
     client = CoordinatorClient(
-        options.coordinator, options.job_id, token=options.token, tls=options.tls, timeout=options.timeout
+        options.coordinator,
+        options.job_id,
+        token=options.token,
+        tls=options.tls,
+        timeout=options.timeout,
+        join_timeout=options.join_timeout,
     )
     peer_address = f"[{advertise_host}]:{server.port}" if ":" in advertise_host else f"{advertise_host}:{server.port}"
     started = time.monotonic()

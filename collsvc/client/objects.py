@@ -8,19 +8,26 @@ local and identical on every rank, so all ranks refuse together before any data 
 from __future__ import annotations
 
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from collsvc.errors import AuthenticationError, ResourceLimitError
 
-if TYPE_CHECKING:
-    from collsvc.client.communicator import Communicator
+
+class ArrayCollectives(Protocol):
+    """What object collectives need of a communicator (the Communicator is one)."""
+
+    rank: int
+    size: int
+
+    def broadcast(self, x: Any, src: int = ..., *, out: Any = ..., async_op: bool = ...) -> Any: ...
+
+    def all_gather(self, x: Any, *, out: Any = ..., async_op: bool = ...) -> Any: ...
 
 
-def _check_allowed(comm: Communicator) -> None:
-    options = comm._job.options
-    if options.token or options.tls is not None or options.allow_pickle:
+def _check_allowed(allowed: bool) -> None:
+    if allowed:
         return
     raise AuthenticationError(
         "object collectives unpickle only data from authenticated peers, and this job has neither a token nor "
@@ -48,8 +55,14 @@ def _dumps(obj: Any) -> np.ndarray:
     return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 
 
-def broadcast_object(comm: Communicator, obj: Any, src: int) -> Any:
-    _check_allowed(comm)
+def broadcast_object(comm: ArrayCollectives, obj: Any, src: int, *, allowed: bool) -> Any:
+    """``src``'s object on every rank; ``allowed``: peers are authenticated or the user opted in.
+
+    Raises:
+        AuthenticationError: not ``allowed``.
+        ResourceLimitError: an advertised length is negative or over :data:`MAX_OBJECT_BYTES`.
+    """
+    _check_allowed(allowed)
     payload = _dumps(obj) if comm.rank == src else np.empty(0, dtype=np.uint8)
     length = comm.broadcast(np.array([payload.size], dtype=np.int64), src)
     _check_lengths(length, "broadcast_object")
@@ -59,8 +72,13 @@ def broadcast_object(comm: Communicator, obj: Any, src: int) -> Any:
     return obj if comm.rank == src else pickle.loads(data.tobytes())
 
 
-def all_gather_object(comm: Communicator, obj: Any) -> list[Any]:
-    _check_allowed(comm)
+def all_gather_object(comm: ArrayCollectives, obj: Any, *, allowed: bool) -> list[Any]:
+    """Every rank's object in rank order; ``allowed`` as in :func:`broadcast_object`.
+
+    Raises:
+        AuthenticationError / ResourceLimitError: as :func:`broadcast_object`.
+    """
+    _check_allowed(allowed)
     payload = _dumps(obj)
     lengths = comm.all_gather(np.array([payload.size], dtype=np.int64))
     _check_lengths(lengths, "all_gather_object")

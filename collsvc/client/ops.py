@@ -1,105 +1,51 @@
-"""Array plumbing of each collective: validate, build work buffers, call the backend, return results.
+"""What each collective runs: validate the arguments, plan the work buffers, call the backend.
 
-Work buffers are flat and contiguous: numpy on the host (the ring backend; CUDA arrays are staged), or
-CuPy on the device when the job uses NCCL and the array is on the GPU. ``out is x`` works in place on
-the caller's memory where it is contiguous and writable.
+Each function here checks its arguments at once (before anything is sent) and returns a
+:class:`Planned` call: the call's signature and a body that moves the data through a backend. The
+Communicator numbers and issues it (inline, or on its worker thread with ``async_op``). The user's
+arrays are adapted once, into :class:`~collsvc.client.operands.Operand` values that carry their
+buffer state down to the backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from collsvc.arrays import Adapted, adapt, check_out_shape, from_device, from_host, to_host, write_into
-from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.arrays import Adapted, adapt
+from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
+from collsvc.client.operands import Operand, check_writable, empty
 from collsvc.types import ReduceOp, check_op_dtype, numpy_dtype
 
-if TYPE_CHECKING:
-    from collsvc.client.communicator import Communicator
+
+@dataclass(frozen=True)
+class GroupView:
+    """What the collectives need to know of their communicator."""
+
+    name: str
+    rank: int
+    size: int
+    global_ranks: tuple[int, ...]
+    gpu_backend: bool  # the job's GPU arrays go through NCCL (else they are staged through the host)
 
 
-def _on_device(comm: Communicator, a: Adapted) -> bool:
-    return a.on_gpu and comm._job.nccl is not None
+@dataclass(frozen=True)
+class Planned:
+    """One collective, ready to be numbered and issued: ``body(call, backend)`` returns the result."""
+
+    signature: Signature
+    body: Callable[[Call, Backend], Any]
+    on_gpu: bool
+    stream: str | None = None  # the sequence the call counts in (default: the group's)
+    spec: GroupSpec | None = None  # the members of the call (default: the group's)
 
 
-def _empty(shape: tuple[int, ...], dtype: str, on_device: bool) -> Any:
-    if on_device:
-        import cupy
-
-        return cupy.empty(shape, dtype=np.uint16 if dtype == "bfloat16" else numpy_dtype(dtype))
-    return np.empty(shape, dtype=numpy_dtype(dtype))
-
-
-def _source(a: Adapted, on_device: bool) -> Any:
-    return a.array if on_device else to_host(a)
-
-
-def _flat(a: Adapted, on_device: bool) -> Any:
-    """A flat contiguous read-only-use view of the input (copied only when not contiguous)."""
-    arr = _source(a, on_device)
-    if on_device:
-        import cupy
-
-        return cupy.ascontiguousarray(arr).reshape(-1)
-    return np.ascontiguousarray(arr).reshape(-1)
-
-
-def _usable_in_place(arr: Any, a: Adapted, on_device: bool) -> bool:
-    return (on_device or not a.on_gpu) and bool(arr.flags.c_contiguous) and bool(arr.flags.writeable)
-
-
-def _work_copy(a: Adapted, on_device: bool, x: Any, out: Any) -> tuple[Any, bool]:
-    """(flat buffer the backend may overwrite, whether it is the caller's ``out`` memory).
-
-    ``out is x`` works in place; another contiguous ``out`` of the same kind receives a copy of the
-    input and is worked on in place (no temporary, no second copy); otherwise a fresh copy.
-    """
-    arr = _source(a, on_device)
-    if out is not None and out is x and _usable_in_place(arr, a, on_device):
-        return arr.reshape(-1), True
-    if out is not None and out is not x:
-        target = adapt(out, name="out")
-        dest = _source(target, on_device)
-        if target.on_gpu == a.on_gpu and _usable_in_place(dest, target, on_device):
-            dest[...] = arr
-            return dest.reshape(-1), True
-    if on_device:
-        import cupy
-
-        return cupy.array(arr, copy=True, order="C").reshape(-1), False
-    return np.array(arr, copy=True, order="C").reshape(-1), False
-
-
-def _landing_buffer(a: Adapted, on_device: bool, x: Any, out: Any) -> tuple[Any, bool]:
-    """A flat buffer for a result that overwrites everything (broadcast on non-source ranks): the
-    caller's ``out`` (or ``x`` when ``out is x``) when usable, else a fresh array; nothing is copied in."""
-    if out is not None:
-        target = a if out is x else adapt(out, name="out")
-        dest = _source(target, on_device)
-        if target.on_gpu == a.on_gpu and _usable_in_place(dest, target, on_device):
-            return dest.reshape(-1), True
-    return _empty((int(np.prod(a.shape, dtype=np.int64)),), a.dtype, on_device), False
-
-
-def _finish(result: Any, a: Adapted, out: Any, shared: bool, on_device: bool) -> Any:
-    if out is not None:
-        if not shared:
-            write_into(out, result)
-        return out
-    return from_device(result, a) if on_device else from_host(result, a)
-
-
-def _check_out(out: Any, x: Any, shape: tuple[int, ...], dtype: str) -> None:
-    if out is not None and out is not x:
-        check_out_shape(out, shape, dtype)
-    elif out is not None and tuple(adapt(out).shape) != shape:
-        raise ValueError(f"out is x, but the result has shape {shape}, not {tuple(adapt(out).shape)}")
-
-
-def _reduce_check(op: ReduceOp, a: Adapted) -> None:
-    check_op_dtype(op, numpy_dtype(a.dtype))
+def _operand(group: GroupView, x: Any, out: Any) -> Operand:
+    a = adapt(x, name="x")
+    return Operand(a, x, out, a.on_gpu and group.gpu_backend)
 
 
 def _split_rows(shape: tuple[int, ...], size: int, what: str) -> tuple[int, ...]:
@@ -112,7 +58,7 @@ def _gathered_shape(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
     return (size,) if len(shape) == 0 else (size * shape[0], *shape[1:])
 
 
-def _adapt_list(xs: Sequence[Any], out: Any, what: str) -> tuple[list[Adapted], list[Any]]:
+def _operand_list(group: GroupView, xs: Sequence[Any], out: Any, what: str) -> list[Operand]:
     adapted = [adapt(x, name=f"x[{i}]") for i, x in enumerate(xs)]
     if not adapted:
         raise ValueError(f"{what}: the list of arrays is empty")
@@ -124,274 +70,255 @@ def _adapt_list(xs: Sequence[Any], out: Any, what: str) -> tuple[list[Adapted], 
     outs = list(out) if out is not None else [None] * len(adapted)
     if len(outs) != len(adapted):
         raise ValueError(f"{what}: out has {len(outs)} arrays for {len(adapted)} inputs")
-    return adapted, outs
+    on_device = adapted[0].on_gpu and group.gpu_backend
+    return [Operand(a, x, o, on_device) for a, x, o in zip(adapted, xs, outs, strict=True)]
 
 
-def _pack(adapted: list[Adapted], sizes: list[int], dtype: str, on_device: bool) -> Any:
+def _pack(operands: list[Operand]) -> Any:
     """The arrays of a fused list, flattened one after another into one new buffer."""
-    buf = _empty((sum(sizes),), dtype, on_device)
+    first = operands[0]
+    buf = empty((sum(o.size for o in operands),), first.dtype, first.on_device)
     offset = 0
-    for a, n in zip(adapted, sizes, strict=True):
-        buf[offset : offset + n] = _flat(a, on_device)
-        offset += n
+    for operand in operands:
+        buf[offset : offset + operand.size] = operand.flat()
+        offset += operand.size
     return buf
 
 
 # ---- all_reduce / broadcast (in-place shaped) ------------------------------------------------------------
-def all_reduce(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: bool) -> Any:
+def all_reduce(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Planned:
     if isinstance(x, (list, tuple)):
-        return _fused_in_place(comm, "all_reduce", x, out, async_op, op=op)
-    a = adapt(x, name="x")
-    _reduce_check(op, a)
-    _check_out(out, x, a.shape, a.dtype)
-    dev = _on_device(comm, a)
+        return _fused_in_place(group, "all_reduce", x, out, op=op)
+    operand = _operand(group, x, out)
+    check_op_dtype(op, numpy_dtype(operand.dtype))
+    operand.check_out(operand.shape, in_place_allowed=True)
 
-    def body(call: Call, backend: Any) -> Any:
-        buf, shared = _work_copy(a, dev, x, out)
-        backend.all_reduce(call, buf, op)
-        return _finish(buf.reshape(a.shape), a, out, shared, dev)
+    def body(call: Call, backend: Backend) -> Any:
+        buffer = operand.work_buffer()
+        backend.all_reduce(call, buffer.array, op)
+        return operand.finish_buffer(buffer, operand.shape)
 
-    return comm._issue(Signature("all_reduce", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("all_reduce", operand.dtype, operand.shape, op.name), body, operand.on_device)
 
 
-def broadcast(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -> Any:
+def broadcast(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
     if isinstance(x, (list, tuple)):
-        return _fused_in_place(comm, "broadcast", x, out, async_op, root=src)
-    a = adapt(x, name="x")
-    _check_out(out, x, a.shape, a.dtype)
-    dev = _on_device(comm, a)
+        return _fused_in_place(group, "broadcast", x, out, root=src)
+    operand = _operand(group, x, out)
+    operand.check_out(operand.shape, in_place_allowed=True)
 
-    def body(call: Call, backend: Any) -> Any:
-        if comm.rank == src:
+    def body(call: Call, backend: Backend) -> Any:
+        if group.rank == src:
             # Backends only read the source's buffer: send straight from x, and make the source's own
             # result copy afterwards, off the other ranks' critical path.
-            flat = _flat(a, dev)
+            flat = operand.flat()
             if not flat.flags.writeable:  # backends take one buffer type for every rank
                 flat = flat.copy()
             backend.broadcast(call, flat, src)
             if out is x:
                 return out
-            if out is not None:
-                write_into(out, flat.reshape(a.shape))
-                return out
-            return _finish(flat.reshape(a.shape).copy(), a, None, False, dev)
-        buf, shared = _landing_buffer(a, dev, x, out)
-        backend.broadcast(call, buf, src)
-        return _finish(buf.reshape(a.shape), a, out, shared, dev)
+            result = flat.reshape(operand.shape)
+            return operand.finish(result if out is not None else result.copy())
+        buffer = operand.landing_buffer()
+        backend.broadcast(call, buffer.array, src)
+        return operand.finish_buffer(buffer, operand.shape)
 
-    return comm._issue(Signature("broadcast", a.dtype, a.shape, root=src), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("broadcast", operand.dtype, operand.shape, root=src), body, operand.on_device)
 
 
 def _fused_in_place(
-    comm: Communicator,
-    name: str,
-    xs: Sequence[Any],
-    out: Any,
-    async_op: bool,
-    *,
-    op: ReduceOp | None = None,
-    root: int | None = None,
-) -> Any:
-    adapted, outs = _adapt_list(xs, out, name)
+    group: GroupView, name: str, xs: Sequence[Any], out: Any, *, op: ReduceOp | None = None, root: int | None = None
+) -> Planned:
+    operands = _operand_list(group, xs, out, name)
     if op is not None:
-        _reduce_check(op, adapted[0])
-    for a, o, x in zip(adapted, outs, xs, strict=False):
-        _check_out(o, x, a.shape, a.dtype)
-    dev = _on_device(comm, adapted[0])
-    sizes = [int(np.prod(a.shape, dtype=np.int64)) for a in adapted]
-    total = sum(sizes)
-    dtype = adapted[0].dtype
+        check_op_dtype(op, numpy_dtype(operands[0].dtype))
+    for operand in operands:
+        operand.check_out(operand.shape, in_place_allowed=True)
+    total = sum(o.size for o in operands)
 
-    def body(call: Call, backend: Any) -> list[Any]:
-        buf = _pack(adapted, sizes, dtype, dev)
+    def body(call: Call, backend: Backend) -> list[Any]:
+        buf = _pack(operands)
         if op is not None:
             backend.all_reduce(call, buf, op)
         else:
+            assert root is not None  # a fused broadcast always has a root
             backend.broadcast(call, buf, root)
         results, offset = [], 0
-        for a, o, n, x in zip(adapted, outs, sizes, xs, strict=False):
-            piece = buf[offset : offset + n].reshape(a.shape)
-            offset += n
-            if o is not None and o is x:
-                write_into(o, piece)
-                results.append(o)
+        for operand in operands:
+            piece = buf[offset : offset + operand.size].reshape(operand.shape)
+            offset += operand.size
+            if operand.out is not None and operand.out is operand.x:
+                results.append(operand.finish(piece))
             else:
-                results.append(_finish(piece.copy(), a, o, False, dev))
+                results.append(operand.finish(piece.copy()))
         return results
 
-    signature = Signature(name, dtype, (len(adapted), total), op.name if op else "", root)
-    return comm._issue(signature, body, async_op=async_op, on_gpu=dev)
+    signature = Signature(name, operands[0].dtype, (len(operands), total), op.name if op else "", root)
+    return Planned(signature, body, operands[0].on_device)
 
 
 # ---- gathers ------------------------------------------------------------------------------------------------
-def all_gather(comm: Communicator, x: Any, *, out: Any, async_op: bool) -> Any:
+def all_gather(group: GroupView, x: Any, *, out: Any) -> Planned:
     if isinstance(x, (list, tuple)):
-        return _all_gather_list(comm, x, out, async_op)
-    a = adapt(x, name="x")
-    result_shape = _gathered_shape(a.shape, comm.size)
-    _check_out(out, None, result_shape, a.dtype)
-    dev = _on_device(comm, a)
+        return _all_gather_list(group, x, out)
+    operand = _operand(group, x, out)
+    result_shape = _gathered_shape(operand.shape, group.size)
+    operand.check_out(result_shape, in_place_allowed=False)
 
-    def body(call: Call, backend: Any) -> Any:
-        result = _empty(result_shape, a.dtype, dev)
-        backend.all_gather(call, _flat(a, dev), result.reshape(-1))
-        return _finish(result, a, out, False, dev)
+    def body(call: Call, backend: Backend) -> Any:
+        result = operand.empty(result_shape)
+        backend.all_gather(call, operand.flat(), result.reshape(-1))
+        return operand.finish(result)
 
-    return comm._issue(Signature("all_gather", a.dtype, a.shape), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("all_gather", operand.dtype, operand.shape), body, operand.on_device)
 
 
-def _all_gather_list(comm: Communicator, xs: Sequence[Any], out: Any, async_op: bool) -> Any:
-    adapted, outs = _adapt_list(xs, out, "all_gather")
-    shapes = [_gathered_shape(a.shape, comm.size) for a in adapted]
-    for o, a, s in zip(outs, adapted, shapes, strict=False):
-        _check_out(o, None, s, a.dtype)
-    dev = _on_device(comm, adapted[0])
-    sizes = [int(np.prod(a.shape, dtype=np.int64)) for a in adapted]
-    total = sum(sizes)
-    dtype = adapted[0].dtype
+def _all_gather_list(group: GroupView, xs: Sequence[Any], out: Any) -> Planned:
+    operands = _operand_list(group, xs, out, "all_gather")
+    shapes = [_gathered_shape(o.shape, group.size) for o in operands]
+    for operand, shape in zip(operands, shapes, strict=True):
+        operand.check_out(shape, in_place_allowed=False)
+    total = sum(o.size for o in operands)
+    first = operands[0]
 
-    def body(call: Call, backend: Any) -> list[Any]:
-        src = _pack(adapted, sizes, dtype, dev)
-        gathered = _empty((comm.size, total), dtype, dev)
-        backend.all_gather(call, src, gathered.reshape(-1))
+    def body(call: Call, backend: Backend) -> list[Any]:
+        gathered = first.empty((group.size, total))
+        backend.all_gather(call, _pack(operands), gathered.reshape(-1))
         results, offset = [], 0
-        for a, o, n, shape in zip(adapted, outs, sizes, shapes, strict=False):
-            piece = gathered[:, offset : offset + n].reshape(shape)
-            offset += n
-            results.append(_finish(piece.copy(), a, o, False, dev))
+        for operand, shape in zip(operands, shapes, strict=True):
+            piece = gathered[:, offset : offset + operand.size].reshape(shape)
+            offset += operand.size
+            results.append(operand.finish(piece.copy()))
         return results
 
-    return comm._issue(Signature("all_gather", dtype, (len(adapted), total)), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("all_gather", first.dtype, (len(operands), total)), body, first.on_device)
 
 
-def gather(comm: Communicator, x: Any, dst: int, *, out: Any, async_op: bool) -> Any:
-    a = adapt(x, name="x")
-    result_shape = _gathered_shape(a.shape, comm.size)
-    is_root = comm.rank == dst
+def gather(group: GroupView, x: Any, dst: int, *, out: Any) -> Planned:
+    operand = _operand(group, x, out)
+    result_shape = _gathered_shape(operand.shape, group.size)
+    is_root = group.rank == dst
     if is_root:
-        _check_out(out, None, result_shape, a.dtype)
-    dev = _on_device(comm, a)
+        operand.check_out(result_shape, in_place_allowed=False)
 
-    def body(call: Call, backend: Any) -> Any:
-        result = _empty(result_shape, a.dtype, dev) if is_root else None
-        backend.gather(call, _flat(a, dev), None if result is None else result.reshape(-1), dst)
-        return _finish(result, a, out, False, dev) if is_root else None
+    def body(call: Call, backend: Backend) -> Any:
+        result = operand.empty(result_shape) if is_root else None
+        backend.gather(call, operand.flat(), None if result is None else result.reshape(-1), dst)
+        return operand.finish(result) if is_root else None
 
-    return comm._issue(Signature("gather", a.dtype, a.shape, root=dst), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("gather", operand.dtype, operand.shape, root=dst), body, operand.on_device)
 
 
 # ---- reductions that scatter or root --------------------------------------------------------------------
-def reduce(comm: Communicator, x: Any, dst: int, op: ReduceOp, *, out: Any, async_op: bool) -> Any:
-    a = adapt(x, name="x")
-    _reduce_check(op, a)
-    is_root = comm.rank == dst
+def reduce(group: GroupView, x: Any, dst: int, op: ReduceOp, *, out: Any) -> Planned:
+    is_root = group.rank == dst
+    operand = _operand(group, x, out if is_root else None)
+    check_op_dtype(op, numpy_dtype(operand.dtype))
     if is_root:
-        _check_out(out, x, a.shape, a.dtype)
-    dev = _on_device(comm, a)
+        operand.check_out(operand.shape, in_place_allowed=True)
 
-    def body(call: Call, backend: Any) -> Any:
-        buf, shared = _work_copy(a, dev, x, out if is_root else None)
-        backend.reduce(call, buf, op, dst)
-        return _finish(buf.reshape(a.shape), a, out, shared, dev) if is_root else None
+    def body(call: Call, backend: Backend) -> Any:
+        buffer = operand.work_buffer()
+        backend.reduce(call, buffer.array, op, dst)
+        return operand.finish_buffer(buffer, operand.shape) if is_root else None
 
-    return comm._issue(Signature("reduce", a.dtype, a.shape, op.name, dst), body, async_op=async_op, on_gpu=dev)
-
-
-def reduce_scatter(comm: Communicator, x: Any, op: ReduceOp, *, out: Any, async_op: bool) -> Any:
-    a = adapt(x, name="x")
-    _reduce_check(op, a)
-    block_shape = _split_rows(a.shape, comm.size, "reduce_scatter")
-    _check_out(out, None, block_shape, a.dtype)
-    dev = _on_device(comm, a)
-
-    def body(call: Call, backend: Any) -> Any:
-        result = _empty(block_shape, a.dtype, dev)
-        backend.reduce_scatter(call, _flat(a, dev), result.reshape(-1), op)
-        return _finish(result, a, out, False, dev)
-
-    return comm._issue(Signature("reduce_scatter", a.dtype, a.shape, op.name), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("reduce", operand.dtype, operand.shape, op.name, dst), body, operand.on_device)
 
 
-def scatter(comm: Communicator, x: Any, src: int, *, out: Any, async_op: bool) -> Any:
-    is_root = comm.rank == src
+def reduce_scatter(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Planned:
+    operand = _operand(group, x, out)
+    check_op_dtype(op, numpy_dtype(operand.dtype))
+    block_shape = _split_rows(operand.shape, group.size, "reduce_scatter")
+    operand.check_out(block_shape, in_place_allowed=False)
+
+    def body(call: Call, backend: Backend) -> Any:
+        result = operand.empty(block_shape)
+        backend.reduce_scatter(call, operand.flat(), result.reshape(-1), op)
+        return operand.finish(result)
+
+    return Planned(Signature("reduce_scatter", operand.dtype, operand.shape, op.name), body, operand.on_device)
+
+
+def scatter(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
+    is_root = group.rank == src
+    like: Adapted | None = None
     if x is None:
         if is_root:
             raise ValueError("scatter: the source rank must pass x")
         if out is None:
             raise ValueError("scatter: pass x (any array of the full shape) or out= on non-source ranks")
         target = adapt(out, name="out")
-        full_shape = _gathered_shape(target.shape, comm.size) if target.shape else (comm.size,)
-        a = Adapted(target.array, target.dtype, target.kind, target.on_gpu, None)
+        full_shape = _gathered_shape(target.shape, group.size) if target.shape else (group.size,)
+        operand = Operand(target, None, out, target.on_gpu and group.gpu_backend)
+        like = target
     else:
-        a = adapt(x, name="x")
-        full_shape = a.shape
-    block_shape = _split_rows(full_shape, comm.size, "scatter")
-    _check_out(out, None, block_shape, a.dtype)
-    dev = _on_device(comm, a)
+        operand = _operand(group, x, out)
+        full_shape = operand.shape
+    block_shape = _split_rows(full_shape, group.size, "scatter")
+    operand.check_out(block_shape, in_place_allowed=False)
 
-    def body(call: Call, backend: Any) -> Any:
-        result = _empty(block_shape, a.dtype, dev)
-        backend.scatter(call, _flat(a, dev) if is_root else None, result.reshape(-1), src)
-        like = a if a.source is not None else adapt(out)
-        return _finish(result, like, out, False, dev)
+    def body(call: Call, backend: Backend) -> Any:
+        result = operand.empty(block_shape)
+        backend.scatter(call, operand.flat() if is_root else None, result.reshape(-1), src)
+        return operand.finish(result, like=like)
 
-    return comm._issue(Signature("scatter", a.dtype, full_shape, root=src), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("scatter", operand.dtype, full_shape, root=src), body, operand.on_device)
 
 
-def all_to_all(comm: Communicator, x: Any, *, out: Any, async_op: bool) -> Any:
-    a = adapt(x, name="x")
-    _split_rows(a.shape, comm.size, "all_to_all")
-    _check_out(out, None, a.shape, a.dtype)
-    dev = _on_device(comm, a)
+def all_to_all(group: GroupView, x: Any, *, out: Any) -> Planned:
+    operand = _operand(group, x, out)
+    _split_rows(operand.shape, group.size, "all_to_all")
+    operand.check_out(operand.shape, in_place_allowed=False)
 
-    def body(call: Call, backend: Any) -> Any:
-        result = _empty(a.shape, a.dtype, dev)
-        backend.all_to_all(call, _flat(a, dev), result.reshape(-1))
-        return _finish(result, a, out, False, dev)
+    def body(call: Call, backend: Backend) -> Any:
+        result = operand.empty(operand.shape)
+        backend.all_to_all(call, operand.flat(), result.reshape(-1))
+        return operand.finish(result)
 
-    return comm._issue(Signature("all_to_all", a.dtype, a.shape), body, async_op=async_op, on_gpu=dev)
+    return Planned(Signature("all_to_all", operand.dtype, operand.shape), body, operand.on_device)
 
 
 # ---- point to point -----------------------------------------------------------------------------------------
-def _p2p(comm: Communicator, src: int, dst: int, tag: int) -> tuple[str, GroupSpec]:
+def _p2p(group: GroupView, src: int, dst: int, tag: int) -> tuple[str, GroupSpec]:
     if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
         raise ValueError(f"tag must be a non-negative int, got {tag!r}")
     if src == dst:
         raise ValueError(f"rank {src} cannot send to itself")
-    ranks = comm.global_ranks
-    stream = f"{comm.name}/p2p/{ranks[src]}-{ranks[dst]}/{tag}"
-    return stream, GroupSpec(comm.name, (ranks[src], ranks[dst]), 0 if comm.rank == src else 1)
+    ranks = group.global_ranks
+    stream = f"{group.name}/p2p/{ranks[src]}-{ranks[dst]}/{tag}"
+    return stream, GroupSpec(group.name, (ranks[src], ranks[dst]), 0 if group.rank == src else 1)
 
 
-def send(comm: Communicator, x: Any, dst: int, tag: int) -> None:
-    stream, spec = _p2p(comm, comm.rank, dst, tag)
-    a = adapt(x, name="x")
-    dev = _on_device(comm, a)
+def send(group: GroupView, x: Any, dst: int, tag: int) -> Planned:
+    stream, spec = _p2p(group, group.rank, dst, tag)
+    operand = _operand(group, x, None)
 
-    def body(call: Call, backend: Any) -> None:
-        backend.send(call, _flat(a, dev), 1)
+    def body(call: Call, backend: Backend) -> None:
+        backend.send(call, operand.flat(), 1)
 
-    comm._issue(Signature("p2p", a.dtype, a.shape), body, on_gpu=dev, stream=stream, spec=spec)
+    return Planned(Signature("p2p", operand.dtype, operand.shape), body, operand.on_device, stream, spec)
 
 
-def recv(comm: Communicator, src: int, tag: int, *, out: Any, shape: Any, dtype: Any) -> Any:
-    stream, spec = _p2p(comm, src, comm.rank, tag)
+def recv(group: GroupView, src: int, tag: int, *, out: Any, shape: Any, dtype: Any) -> Planned:
+    stream, spec = _p2p(group, src, group.rank, tag)
     if out is not None:
-        a = adapt(out, name="out")
+        target = adapt(out, name="out")
+        check_writable(target)
     elif shape is not None and dtype is not None:
         dt = numpy_dtype("bfloat16") if dtype == "bfloat16" else np.dtype(dtype)
         dims = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        a = adapt(np.empty(dims, dt))
+        target = adapt(np.empty(dims, dt))
     else:
         raise ValueError("recv needs out= or both shape= and dtype=")
-    dev = _on_device(comm, a)
+    operand = Operand(target, None, out, target.on_gpu and group.gpu_backend)
 
-    def body(call: Call, backend: Any) -> Any:
-        if out is not None and not dev and not a.on_gpu and a.array.flags.c_contiguous and a.array.flags.writeable:
-            backend.recv(call, a.array.reshape(-1), 0)
+    def body(call: Call, backend: Backend) -> Any:
+        host_out = out is not None and not operand.on_device and not target.on_gpu
+        if host_out and target.array.flags.c_contiguous and target.array.flags.writeable:
+            backend.recv(call, target.array.reshape(-1), 0)  # straight into the caller's array
             return out
-        result = _empty(a.shape, a.dtype, dev)
+        result = operand.empty(operand.shape)
         backend.recv(call, result.reshape(-1), 0)
-        return _finish(result, a, out, False, dev)
+        return operand.finish(result)
 
-    return comm._issue(Signature("p2p", a.dtype, a.shape), body, on_gpu=dev, stream=stream, spec=spec)
+    return Planned(Signature("p2p", operand.dtype, operand.shape), body, operand.on_device, stream, spec)

@@ -14,14 +14,8 @@ from typing import Any
 
 import pytest
 
-from collsvc.client.backends.nccl_comm import (
-    REQUIRED_COMMUNICATOR_METHODS,
-    REQUIRED_NCCL_NAMES,
-    UID_BYTES,
-    load_cupy,
-    new_communicator,
-    unique_id,
-)
+from collsvc.client.backends.nccl.group_comm import UID_BYTES, new_communicator, unique_id
+from collsvc.client.backends.nccl.probe import REQUIRED_COMMUNICATOR_METHODS, REQUIRED_NCCL_NAMES, load_cupy
 from collsvc.client.devices import cupy_available, local_device
 from collsvc.errors import BackendUnavailableError
 from tests.gpu.cupy_contract import COMMUNICATOR_METHODS, MEMCPY_DEVICE_TO_DEVICE, NCCL_CONSTANTS, parameters

@@ -26,7 +26,7 @@ pytestmark = [
 
 @pytest.fixture
 def backend() -> Any:
-    from collsvc.client.backends.nccl import NcclBackend
+    from collsvc.client.backends.nccl.backend import NcclBackend
 
     b = NcclBackend(0, 1, KV(), Barriers(1), 30.0, Failure())
     yield b

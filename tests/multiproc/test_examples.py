@@ -26,6 +26,7 @@ def test_data_parallel_training_converges_to_the_single_process_result() -> None
     assert "[rank 0] loss fell from" in out
     assert "weights identical on all 4 ranks: True" in out
     assert "(matches: True)" in out
+    assert "WARNING" not in done.stderr, done.stderr  # a successful job reports nothing to worry about
 
 
 def test_collectives_tour_matches_the_seed_examples() -> None:
@@ -33,6 +34,7 @@ def test_collectives_tour_matches_the_seed_examples() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[rank 0] all_reduce of [[rank]]             -> [[6.0]]" in done.stdout
     assert "-> [[0], [1], [2], [3]]" in done.stdout
+    assert "WARNING" not in done.stderr, done.stderr
 
 
 def test_hello_prints_every_rank() -> None:
@@ -40,3 +42,4 @@ def test_hello_prints_every_rank() -> None:
     assert done.returncode == 0, done.stderr
     for rank in range(3):
         assert f"[rank {rank}] rank={rank} size=3 local_rank={rank} node_rank=0" in done.stdout
+    assert "WARNING" not in done.stderr, done.stderr

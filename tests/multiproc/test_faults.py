@@ -364,9 +364,9 @@ def test_collsvc_run_names_a_killed_rank(tmp_path: Path) -> None:
     )
     res = run_cli("run", "-n", "3", path, timeout=60)
     assert res.returncode == 128 + signal.SIGKILL, res.stderr
-    assert summary_lines(res.stderr) == [
-        f"collsvc run: rank 1 on host {CLI_HOST} failed: killed by signal SIGKILL (9)"
-    ], res.stderr
+    # Ranks that already failed because of it are named as its victims (which ones depends on timing).
+    (summary,) = summary_lines(res.stderr)
+    assert summary.startswith(f"collsvc run: rank 1 on host {CLI_HOST} failed: killed by signal SIGKILL (9)"), summary
     assert "unreachable" not in res.stdout
     assert res.seconds < 15.0, res.seconds
     print(f"MEASURED collsvc run with a SIGKILLed rank: {res.seconds:.2f}s")

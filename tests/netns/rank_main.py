@@ -5,12 +5,17 @@ Modes (argv[1]):
   check  topology, intra/inter-node communicators, all_reduce and all_gather across hosts
   time   median time of all_reduce at argv[2] bytes (COLLSVC_HIERARCHICAL picks the algorithm)
   hold   host "b" ranks park forever after a barrier (the test kills them); others then all_reduce
+  train  argv[2] ("all_reduce", "barrier", or "send_recv": rank 0 sends, rank 1 receives) of argv[3]
+         bytes in a loop; prints TRAINING after a few steps, and when a call raises, a RESULT with the
+         error and the monotonic time it was raised (the test cuts a link meanwhile)
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -23,6 +28,7 @@ import collsvc
 
 def main() -> int:
     mode = sys.argv[1]
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the tests ask for stacks before a kill
     comm = collsvc.init(timeout=60)
     result: dict[str, object] = {
         "rank": comm.rank,
@@ -70,9 +76,42 @@ def main() -> int:
         result["seconds"] = time.monotonic() - start
         print("RESULT " + json.dumps(result), flush=True)
         os._exit(0)
+    elif mode == "train":
+        train(comm, sys.argv[2], int(sys.argv[3]), result)
+        print("RESULT " + json.dumps(result), flush=True)
+        os._exit(0)  # a partitioned job cannot leave cleanly; the test only needs the error
     print("RESULT " + json.dumps(result), flush=True)
     collsvc.destroy()
     return 0
+
+
+def train(comm: collsvc.Communicator, op: str, nbytes: int, result: dict[str, object]) -> None:
+    """Steps until a collective raises; records the error and when it was raised (CLOCK_MONOTONIC is
+    shared by every namespace, so the test compares it with the moment it cut the link)."""
+    x = np.ones(max(nbytes // 8, 1), np.float64)
+    steps = 0
+    while True:
+        try:
+            if op == "all_reduce":
+                comm.all_reduce(x, out=x)
+                x.fill(1.0)
+            elif op == "barrier":
+                comm.barrier()
+            elif comm.rank == 0:
+                comm.send(x, 1)
+            else:
+                comm.recv(0, out=x)
+        except collsvc.CollsvcError as exc:
+            result["raised_at"] = time.monotonic()
+            result["error"] = type(exc).__name__
+            result["ranks"] = getattr(exc, "ranks", [])
+            result["hosts"] = getattr(exc, "hosts", [])
+            result["message"] = str(exc)
+            result["steps"] = steps
+            return
+        steps += 1
+        if steps == 20:
+            print("TRAINING", flush=True)
 
 
 if __name__ == "__main__":

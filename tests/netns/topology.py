@@ -7,6 +7,7 @@ creating process id so parallel runs do not collide. Addresses live only inside 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -40,6 +41,8 @@ class Host:
     namespace: str
     address: str
     device: str = "eth0"
+    switch: str = ""  # the switch namespace holding this host's bridge port
+    port: str = ""  # this host's veth end on the bridge
 
     def command(self, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespace, *argv]
@@ -69,6 +72,38 @@ class Host:
     def unlimit(self) -> None:
         subprocess.run(self.command(["tc", "qdisc", "del", "dev", self.device, "root"]), capture_output=True)
 
+    def cut(self) -> None:
+        """Pulls this host's cable: its bridge port goes down, so nothing crosses in either direction.
+
+        Neither side is told: no FIN, no RST, no ICMP. Packets are dropped silently, as on a failed
+        switch port. The host's own interface keeps its address and routes.
+        """
+        sh("ip", "-n", self.switch, "link", "set", self.port, "down")
+
+    def mend(self) -> None:
+        """Plugs the cable back in (undoes :meth:`cut`)."""
+        sh("ip", "-n", self.switch, "link", "set", self.port, "up")
+
+
+def pin_neighbours(hosts: dict[str, Host]) -> None:
+    """Gives every host permanent neighbour (ARP) entries for the others.
+
+    Without them, a host whose peer vanished finds out locally within seconds: address resolution
+    fails and its sockets get EHOSTUNREACH. With them, a cut is silent, as on a routed path whose
+    gateway stays reachable: packets vanish and nothing reports it.
+    """
+    macs = {}
+    for name, host in hosts.items():
+        shown = subprocess.run(
+            host.command(["ip", "-j", "link", "show", host.device]), check=True, capture_output=True, text=True
+        )
+        macs[name] = json.loads(shown.stdout)[0]["address"]
+    for name, host in hosts.items():
+        for other_name, other in hosts.items():
+            if other_name != name:
+                neighbour = ["ip", "neigh", "replace", other.address, "lladdr", macs[other_name]]
+                sh(*host.command([*neighbour, "nud", "permanent", "dev", host.device]))
+
 
 @contextlib.contextmanager
 def hosts(names: list[str]) -> Iterator[dict[str, Host]]:
@@ -95,7 +130,7 @@ def hosts(names: list[str]) -> Iterator[dict[str, Host]]:
             sh("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
             sh("ip", "-n", namespace, "link", "set", "eth0", "up")
             sh("ip", "-n", namespace, "link", "set", "lo", "up")
-            result[name] = Host(name, namespace, address)
+            result[name] = Host(name, namespace, address, switch=switch, port=outside)
         yield result
     finally:
         for namespace in reversed(made):

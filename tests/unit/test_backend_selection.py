@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from collsvc.client import devices
-from collsvc.client.devices import INSTALL_HINT, choose_backend
+from collsvc.client.backends.nccl.probe import INSTALL_HINT
+from collsvc.client.devices import choose_backend
 from collsvc.errors import BackendUnavailableError, RendezvousError
 from collsvc.proto.v1 import common_pb2
 

@@ -16,11 +16,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from collsvc.client.backends import nccl as nccl_module
 from collsvc.client.backends.base import Call, GroupSpec, Signature
-from collsvc.client.backends.nccl import NcclBackend
-from collsvc.client.backends.nccl_dtypes import Mode, plan_reduction
-from collsvc.client.backends.nccl_watchdog import Pending, Watchdog
+from collsvc.client.backends.nccl import backend as nccl_module
+from collsvc.client.backends.nccl.backend import NcclBackend
+from collsvc.client.backends.nccl.dtypes import Mode, plan_reduction
+from collsvc.client.backends.nccl.watchdog import Pending, Watchdog
 from collsvc.errors import AbortedError, CollectiveTimeoutError, CollsvcError, RankFailedError
 from collsvc.types import BITWISE_OPS, ReduceOp, check_op_dtype, numpy_dtype
 from tests.gpu import fake_cupy

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
 
 
@@ -181,6 +182,34 @@ class Backend(Protocol):
     def abort(self, error: BaseException) -> None:
         """Fails every pending and future operation with ``error`` (called from another thread)."""
         ...
+
+
+def describe_call(call: Mapping[str, Any] | str) -> str:
+    """A call as people read it: ``all_reduce(float32[2, 3], SUM)``, from :meth:`Signature.describe`
+    (or from a shared-memory descriptor, which knows the element count but not the shape)."""
+    if not isinstance(call, Mapping):
+        return str(call)
+    op, dtype = call.get("op", "?"), call.get("dtype", "")
+    if not dtype:
+        return str(op)
+    shape = f"{list(call['shape'])}" if "shape" in call else f" x{call.get('count', '?')}"
+    root = call.get("root")
+    extras = [e for e in (call.get("reduce_op") or None, None if root is None else f"root={root}") if e]
+    return f"{op}({dtype}{shape}{''.join(', ' + e for e in extras)})"
+
+
+def mismatch_error(call: Call, calls: Mapping[int, Any]) -> CollectiveMismatchError:
+    """The error for ranks that called different things at ``call``'s sequence number.
+
+    Args:
+        call: this rank's call.
+        calls: global rank -> what it called (a :meth:`Signature.describe` dict where known).
+    """
+    described = "; ".join(f"rank {rank} called {describe_call(value)}" for rank, value in sorted(calls.items()))
+    return CollectiveMismatchError(
+        f"collective mismatch at {call.signature.op} #{call.seq} in group '{call.group.name}': {described}",
+        dict(calls),
+    )
 
 
 def last_finished(progress: Mapping[str, int], stream: str) -> int:

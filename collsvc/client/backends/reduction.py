@@ -7,6 +7,8 @@ same bit pattern by the same count and gets the same result.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -32,8 +34,16 @@ _BOOL_UFUNCS: dict[ReduceOp, Any] = {
     ReduceOp.PRODUCT: np.logical_and,
 }
 
+# Per thread: nanoseconds spent in reduce_to since the thread started (read by the call recorder).
+_spent = threading.local()
+
 # (ufunc name, dtype) -> whether numpy (or ml_dtypes) has a same-type loop for it; probed once.
 _NATIVE: dict[tuple[str, np.dtype], bool] = {}
+
+
+def reduced_as(op: ReduceOp) -> ReduceOp:
+    """The op the data is combined with: AVG is reduced as SUM (then :func:`finish_average` divides once)."""
+    return ReduceOp.SUM if op is ReduceOp.AVG else op
 
 
 def ufunc_for(op: ReduceOp, dtype: np.dtype) -> Any:
@@ -91,6 +101,19 @@ def reduce_to(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> No
         ValueError: the lengths differ.
     """
     ufunc = ufunc_for(op, out.dtype)
+    started = time.perf_counter_ns()
+    try:
+        _combine(ufunc, op, out, a, b)
+    finally:
+        _spent.ns = getattr(_spent, "ns", 0) + time.perf_counter_ns() - started
+
+
+def reducing_ns() -> int:
+    """Nanoseconds this thread has spent in reduction kernels so far (the timeline's "reducing" phase)."""
+    return int(getattr(_spent, "ns", 0))
+
+
+def _combine(ufunc: Any, op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     if _has_native_loop(ufunc, out.dtype):
         # Overflow to inf and inf - inf = nan are results, not errors, as in every other collective
         # library; numpy's RuntimeWarnings would only be noise in the user's log.

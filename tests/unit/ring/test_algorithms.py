@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from collsvc.client.backends.reduction import finish_average
 from collsvc.client.backends.ring import algorithms
-from collsvc.client.backends.ring.reduction import finish_average
 from collsvc.types import ReduceOp
 
 from .threads import (

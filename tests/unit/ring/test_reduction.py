@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collsvc.client.backends.ring import reduction
+from collsvc.client.backends import reduction
+from collsvc.client.backends.reduction import check_reducible, finish_average, reduce_into, reduce_to
 from collsvc.client.backends.ring.algorithms_common import (
     block_bounds,
     check_steps,
@@ -14,7 +15,6 @@ from collsvc.client.backends.ring.algorithms_common import (
     elements_per_chunk,
     step_id,
 )
-from collsvc.client.backends.ring.reduction import check_reducible, finish_average, reduce_into, reduce_to
 from collsvc.types import ReduceOp
 
 from .threads import ALL_DTYPES, BF16, assert_equal_values, exact_inputs, ops_for, reference

@@ -1,14 +1,14 @@
 """The NCCL backend: collectives on CuPy arrays over ``cupy.cuda.nccl``.
 
-One NCCL communicator per group, created on the group's first call (``nccl_comm.py``), each with its own
+One NCCL communicator per group, created on the group's first call (``group_comm.py``), each with its own
 CUDA stream. Every operation is stream-ordered with the caller: the NCCL stream waits on an event
 recorded on the caller's current stream before the operation, and the caller's stream waits on the
 operation's completion event after it. The calling thread then waits for that event with the call's
-deadline (``nccl_watchdog.py``), so a dead peer becomes an error instead of a spinning kernel.
+deadline (``watchdog.py``), so a dead peer becomes an error instead of a spinning kernel.
 
 Arrays arrive flat and contiguous; the logical dtype comes from ``call.signature.dtype`` (bfloat16 comes
 as a uint16 view because CuPy has no bfloat16). Data-movement collectives move raw bytes; reductions are
-planned in ``nccl_dtypes.py``. Group indices (``root``, ``dst``, ``src``) are NCCL ranks.
+planned in ``dtypes.py``. Group indices (``root``, ``dst``, ``src``) are NCCL ranks.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from collections.abc import Callable
 from typing import Any
 
 from collsvc.client.backends.base import Call
-from collsvc.client.backends.nccl_blocks import Blocks, ptr
-from collsvc.client.backends.nccl_comm import (
+from collsvc.client.backends.nccl.blocks import Blocks, ptr
+from collsvc.client.backends.nccl.dtypes import Mode, ReducePlan, describe, plan_reduction
+from collsvc.client.backends.nccl.group_comm import (
     Barrier,
     GroupComm,
     KeyValueLike,
     create_group_comm,
     has_p2p,
-    load_cupy,
     nccl_version,
 )
-from collsvc.client.backends.nccl_dtypes import Mode, ReducePlan, describe, plan_reduction
-from collsvc.client.backends.nccl_watchdog import (
+from collsvc.client.backends.nccl.probe import load_cupy
+from collsvc.client.backends.nccl.watchdog import (
     FailureSource,
     Pending,
     Watchdog,

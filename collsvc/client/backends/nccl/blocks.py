@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from collsvc.client.backends.nccl_comm import GroupComm
-from collsvc.client.backends.nccl_dtypes import Mode, ReducePlan
+from collsvc.client.backends.nccl.dtypes import Mode, ReducePlan
+from collsvc.client.backends.nccl.group_comm import GroupComm
 
 
 def ptr(array: Any) -> int:

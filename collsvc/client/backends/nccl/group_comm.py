@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from collsvc.client.backends.base import GroupSpec
-from collsvc.client.backends.nccl_dtypes import NCCL_P2P_MIN_VERSION
-from collsvc.client.backends.nccl_watchdog import FailureSource, as_collsvc_error
-from collsvc.client.devices import INSTALL_HINT
-from collsvc.errors import BackendUnavailableError, CollectiveTimeoutError, CollsvcError
+from collsvc.client.backends.nccl.dtypes import NCCL_P2P_MIN_VERSION
+from collsvc.client.backends.nccl.watchdog import FailureSource, as_collsvc_error
+from collsvc.errors import CollectiveTimeoutError, CollsvcError
 
 UID_BYTES = 128
-
-# What the backend calls in ``cupy.cuda.nccl``. NCCL_AVG, NCCL_BFLOAT16 and send/recv are optional: their
-# absence is handled per operation (``nccl_dtypes.py``, ``has_p2p``).
-REQUIRED_NCCL_NAMES = (
-    "NcclCommunicator", "get_unique_id", "get_version", "groupStart", "groupEnd",
-    "NCCL_INT8", "NCCL_UINT8", "NCCL_INT32", "NCCL_UINT32", "NCCL_INT64", "NCCL_UINT64",
-    "NCCL_FLOAT16", "NCCL_FLOAT32", "NCCL_FLOAT64", "NCCL_SUM", "NCCL_PROD", "NCCL_MAX", "NCCL_MIN",
-)  # fmt: skip
-REQUIRED_COMMUNICATOR_METHODS = (
-    "allReduce", "reduce", "broadcast", "allGather", "reduceScatter", "check_async_error", "abort", "destroy",
-)  # fmt: skip
 
 Barrier = Callable[[str, float], None]
 """``barrier(name, timeout)``: returns once every member of the group entered the named barrier."""
@@ -45,39 +32,6 @@ class KeyValueLike(Protocol):
     def get(self, key: str, timeout: float) -> bytes:
         """Waits up to ``timeout`` seconds for ``key`` to be set and returns its value."""
         ...
-
-
-def load_cupy() -> tuple[Any, Any]:
-    """Returns ``(cupy, cupy.cuda.nccl)``.
-
-    Raises:
-        BackendUnavailableError: CuPy is missing, cannot load the NCCL library, lacks a function the
-            backend calls, or sees no GPU.
-    """
-    try:
-        with warnings.catch_warnings():  # CuPy warns when libnccl is missing; the error below says more
-            warnings.simplefilter("ignore")
-            import cupy
-            from cupy.cuda import nccl
-    except Exception as exc:
-        raise BackendUnavailableError(f"the nccl backend needs CuPy ({exc}); install it with {INSTALL_HINT}") from exc
-    version = getattr(cupy, "__version__", "?")
-    if not getattr(nccl, "available", False) or not hasattr(nccl, "NcclCommunicator"):
-        raise BackendUnavailableError(
-            f"CuPy {version} cannot load the NCCL library; install it with "
-            f"{INSTALL_HINT}, which brings nvidia-nccl-cu12 (CuPy >= 14 no longer bundles NCCL)"
-        )
-    missing = [n for n in REQUIRED_NCCL_NAMES if not hasattr(nccl, n)]
-    missing += [f"NcclCommunicator.{n}" for n in REQUIRED_COMMUNICATOR_METHODS if not hasattr(nccl.NcclCommunicator, n)]
-    if missing:
-        raise BackendUnavailableError(f"CuPy {version}'s cupy.cuda.nccl lacks {', '.join(missing)}; upgrade CuPy")
-    try:
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
-        raise BackendUnavailableError(f"the nccl backend needs a CUDA GPU; CUDA says: {exc}") from exc
-    if count < 1:
-        raise BackendUnavailableError("the nccl backend needs a CUDA GPU; none is visible to this process")
-    return cupy, nccl
 
 
 def nccl_version(nccl: Any) -> int:

@@ -6,7 +6,7 @@ ranks are group indices. Each function sends and receives the frames of exactly 
 op, root and tuning arguments: the shape alone decides the algorithm, the block boundaries, the chunk
 boundaries and the frame step ids (see ``algorithms_common`` for the step-id scheme), so ranks agree
 without talking. AVG is reduced as SUM; the caller divides with
-:func:`~collsvc.client.backends.ring.reduction.finish_average`.
+:func:`~collsvc.client.backends.reduction.finish_average`.
 
 Which algorithm:
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from collsvc.client.backends.base import Channel
+from collsvc.client.backends.reduction import check_reducible
 from collsvc.client.backends.ring.algorithms_common import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_SMALL_BYTES,
@@ -49,7 +50,6 @@ from collsvc.client.backends.ring.algorithms_ring import (
     ring_reduce_scatter,
 )
 from collsvc.client.backends.ring.algorithms_tree import doubling_all_reduce, tree_broadcast, tree_reduce
-from collsvc.client.backends.ring.reduction import check_reducible
 from collsvc.types import ReduceOp
 
 __all__ = [

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from collsvc.client.backends.base import Channel
+from collsvc.client.backends.reduction import reduce_into, reduce_to
 from collsvc.client.backends.ring.algorithms_common import (
     PHASE_BCAST_CHAIN,
     PHASE_REDUCE_CHAIN,
@@ -27,7 +28,6 @@ from collsvc.client.backends.ring.algorithms_common import (
     send_array,
     step_id,
 )
-from collsvc.client.backends.ring.reduction import reduce_into, reduce_to
 from collsvc.types import ReduceOp
 
 

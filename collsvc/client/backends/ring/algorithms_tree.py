@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from collsvc.client.backends.base import Channel
+from collsvc.client.backends.reduction import reduce_into, reduce_to
 from collsvc.client.backends.ring.algorithms_common import (
     PHASE_BCAST_TREE,
     PHASE_DOUBLING,
@@ -24,7 +25,6 @@ from collsvc.client.backends.ring.algorithms_common import (
     send_chunked,
     step_id,
 )
-from collsvc.client.backends.ring.reduction import reduce_into, reduce_to
 from collsvc.types import ReduceOp
 
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.base import Call, Channel, GroupSpec
+from collsvc.client.backends.base import Call, Channel, GroupSpec, mismatch_error
+from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring import algorithms
-from collsvc.client.backends.ring.reduction import finish_average
 from collsvc.client.backends.ring.topology import Topology, plan
 from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.errors import CollectiveMismatchError
@@ -131,13 +131,7 @@ class RingBackend:
                 details[rank] = json.loads(raw.decode())
             except ValueError:
                 details[rank] = {"digest": f"{digests[i]:016x}"}
-        odd = [call.group.ranks[i] for i, d in enumerate(digests) if d != call.signature.digest]
-        raise CollectiveMismatchError(
-            f"collective mismatch at call #{call.seq} in group '{call.group.name}': rank "
-            f"{call.group.ranks[call.group.index]} called {call.signature.describe()}, ranks {odd} called "
-            f"something else: {', '.join(f'{r}: {details[r]}' for r in odd)}",
-            details,
-        )
+        raise mismatch_error(call, details)
 
     def _run(self, call: Call, body: Callable[[Channel], Any]) -> None:
         channel = self._channel_for(call)
@@ -153,7 +147,7 @@ class RingBackend:
 
     # ---- collectives ---------------------------------------------------------------------------------
     def all_reduce(self, call: Call, buf: np.ndarray, op: ReduceOp) -> None:
-        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+        inner = reduced_as(op)
         shared = self._shared(call)
         topo = self._topology(call.group)
         if shared is not None:
@@ -249,7 +243,7 @@ class RingBackend:
             self._run(call, on_channel)
 
     def reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None:
-        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+        inner = reduced_as(op)
         digest = call.signature.digest
         self._dispatch(
             call,
@@ -278,7 +272,7 @@ class RingBackend:
         )
 
     def reduce_scatter(self, call: Call, src: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
-        inner = ReduceOp.SUM if op is ReduceOp.AVG else op
+        inner = reduced_as(op)
         digest = call.signature.digest
         self._dispatch(
             call,
@@ -330,7 +324,4 @@ def global_mismatch(call: Call, local: tuple[int, ...], error: CollectiveMismatc
         for key, value in error.details.items()
     }
     details[call.group.ranks[call.group.index]] = call.signature.describe()
-    calls = "; ".join(f"rank {rank} called {value}" for rank, value in sorted(details.items()))
-    return CollectiveMismatchError(
-        f"collective mismatch at call #{call.seq} in group '{call.group.name}': {calls}", details
-    )
+    return mismatch_error(call, details)

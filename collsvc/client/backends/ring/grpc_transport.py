@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from collsvc.client.backends.base import Call
+from collsvc.client.backends.base import mismatch_error as calls_mismatch
 from collsvc.client.backends.ring import frames
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.errors import (
@@ -62,6 +63,44 @@ def message_options(max_bytes: int) -> list[tuple[str, Any]]:
     ]
 
 
+# A silently dead path (a pulled cable, a crashed switch, a host that froze: no FIN, no RST) leaves a
+# TCP connection open and a call on it waiting for its whole deadline. HTTP/2 keepalive pings find it:
+# a ping unanswered for ``dead_after`` seconds closes the connection and fails its calls (UNAVAILABLE).
+# Between peers it is a backstop behind the coordinator's heartbeats (which name the failure better):
+# a send to an unreachable peer fails within PEER_PING_EVERY + PEER_DEAD_AFTER seconds, 5 s, the
+# default heartbeat timeout.
+PEER_PING_EVERY = 2.0
+PEER_DEAD_AFTER = 3.0
+# Servers accept pings this often from their clients; gRPC's default (one per 5 minutes without data,
+# two strikes) would answer our keepalive with GOAWAY "too_many_pings".
+MIN_PING_INTERVAL = 0.1
+
+
+def keepalive_options(ping_every: float, dead_after: float, *, idle: bool) -> list[tuple[str, Any]]:
+    """Client channel options: ping every ``ping_every`` s; a ping unanswered for ``dead_after`` s
+    (or data unacknowledged as long, through TCP_USER_TIMEOUT) breaks the connection and its calls.
+
+    Args:
+        ping_every: seconds between pings.
+        dead_after: seconds a ping may wait for its answer.
+        idle: ping also while no call is open (otherwise only while one is).
+    """
+    return [
+        ("grpc.keepalive_time_ms", max(int(ping_every * 1000), int(MIN_PING_INTERVAL * 1000))),
+        ("grpc.keepalive_timeout_ms", int(dead_after * 1000)),
+        ("grpc.keepalive_permit_without_calls", int(idle)),
+        ("grpc.http2.max_pings_without_data", 0),  # no limit: a call may wait long for its answer
+    ]
+
+
+def ping_permit_options() -> list[tuple[str, Any]]:
+    """Server options that accept the clients' keepalive pings (see :func:`keepalive_options`)."""
+    return [
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(MIN_PING_INTERVAL * 1000)),
+        ("grpc.http2.max_ping_strikes", 0),  # 0: never GOAWAY a client for pinging
+    ]
+
+
 class PeerServer:
     """Serves this rank's peer endpoint and deposits arriving frames into ``mailbox``.
 
@@ -85,7 +124,7 @@ class PeerServer:
         self._mailbox = mailbox
         self._expected = f"Bearer {token}".encode() if token else None
         self._max_payload = max_message_bytes
-        options = [("grpc.so_reuseport", 0), *message_options(max_message_bytes + 8192)]
+        options = [("grpc.so_reuseport", 0), *message_options(max_message_bytes + 8192), *ping_permit_options()]
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=8, thread_name_prefix="collsvc-peer"), options=options
         )
@@ -168,7 +207,10 @@ class GrpcTransport:
         with self._lock:
             if rank not in self._senders:
                 address = self._addresses[rank]
-                options = message_options(self._max_payload + 8192)
+                options = [
+                    *message_options(self._max_payload + 8192),
+                    *keepalive_options(PEER_PING_EVERY, PEER_DEAD_AFTER, idle=False),
+                ]
                 if self._tls is not None:
                     channel = grpc.secure_channel(address, channel_credentials(self._tls), options=options)
                 else:
@@ -187,19 +229,25 @@ class GrpcTransport:
         """Starts delivering ``data`` to global rank ``dst``; returns the call's future."""
         timeout = max(deadline - time.monotonic(), 0.001)
         future = self._sender(dst).future(data, timeout=timeout, metadata=self._metadata)
-        address, host = self._addresses[dst], self._hosts.get(dst, "")
 
         def done(fut: grpc.Future[bytes]) -> None:
-            if fut.cancelled():
-                return
-            exc = fut.exception()
-            if exc is not None:
-                code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-                details = exc.details() if hasattr(exc, "details") else str(exc)
-                on_error(_send_error(code, details or "", dst, host, address))
+            error = self.delivery_error(dst, fut)
+            if error is not None:
+                on_error(error)
 
         future.add_done_callback(done)
         return future
+
+    def delivery_error(self, dst: int, future: grpc.Future[bytes]) -> CollsvcError | None:
+        """The error a finished send to global rank ``dst`` ended with; None if delivered or cancelled."""
+        if not future.done() or future.cancelled():
+            return None
+        exc = future.exception()
+        if exc is None:
+            return None
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        return _send_error(code, details or "", dst, self._hosts.get(dst, ""), self._addresses[dst])
 
     def close(self) -> None:
         with self._lock:
@@ -219,7 +267,7 @@ class GrpcChannel:
         self._key = frames.key_hash(call.key)
         self._signature = call.signature.encode()
         self._digest = call.signature.digest
-        self._pending: list[grpc.Future[bytes]] = []
+        self._pending: list[tuple[int, grpc.Future[bytes]]] = []  # (global rank, send in flight)
         self._error: CollsvcError | None = None
 
     @property
@@ -247,7 +295,8 @@ class GrpcChannel:
             self._transport.rank, self._key, self._call.seq, step, self._digest, self._signature, view.nbytes
         )
         data = b"".join((header, view))
-        self._pending.append(self._transport.send_frame(self._ranks[dst], data, self._call.deadline, self._record))
+        target = self._ranks[dst]
+        self._pending.append((target, self._transport.send_frame(target, data, self._call.deadline, self._record)))
 
     def recv(self, src: int, step: int) -> memoryview:
         src_rank = self._ranks[src]
@@ -266,19 +315,56 @@ class GrpcChannel:
         return payload
 
     def flush(self) -> None:
-        for future in self._pending:
-            remaining = self._call.deadline - time.monotonic()
-            try:
-                future.result(timeout=max(remaining, 0.001))
-            except grpc.FutureTimeoutError:
-                raise CollectiveTimeoutError(
-                    f"{self._call.signature.op} #{self._call.seq}: a send was not delivered before the timeout"
-                ) from None
-            except grpc.RpcError:
-                pass  # reported through the done-callback below
-            if self._error is not None:
-                raise self._error
-        self._pending.clear()
+        """Waits until every frame this call sent was delivered.
+
+        The wait ends early when this process records a failure (a coordinator event, a lost
+        coordinator): a send to a peer on a dead path would otherwise hold this rank until the
+        call's deadline. Sends still in flight then are cancelled.
+
+        Raises:
+            CollsvcError: a delivery failed, a failure was recorded meanwhile, or the deadline passed
+                (:class:`~collsvc.errors.CollectiveTimeoutError`).
+        """
+        pending, self._pending = self._pending, []
+        in_flight = [future for _, future in pending if not future.done()]
+        if in_flight:  # usually every send was delivered already and there is nothing to wait for
+            self._await_delivery(in_flight)
+        # The send callbacks record failures, but a future can be done before its callbacks ran.
+        for dst, future in pending:
+            error = self._transport.delivery_error(dst, future)
+            if error is not None:
+                self._record(error)
+        if self._error is not None:
+            raise self._error
+
+    def _await_delivery(self, in_flight: list[grpc.Future[bytes]]) -> None:
+        """Waits for sends in flight; a failure recorded meanwhile ends the wait and cancels them.
+
+        Raises:
+            BaseException: the failure recorded in the mailbox meanwhile.
+            CollectiveTimeoutError: the call's deadline passed first.
+        """
+        mailbox = self._transport.mailbox
+        landed: list[grpc.Future[bytes]] = []
+
+        def on_landed(future: grpc.Future[bytes]) -> None:
+            landed.append(future)  # list.append is atomic; the waiter reads len() after wake() locked
+            mailbox.wake()
+
+        for future in in_flight:
+            future.add_done_callback(on_landed)  # runs at once for a send delivered meanwhile
+        try:
+            delivered = mailbox.wait_until(lambda: len(landed) == len(in_flight), self._call.deadline)
+        except BaseException:
+            for future in in_flight:
+                future.cancel()
+            raise
+        if not delivered:
+            for future in in_flight:
+                future.cancel()
+            raise CollectiveTimeoutError(
+                f"{self._call.signature.op} #{self._call.seq}: a send was not delivered before the timeout"
+            )
 
 
 def mismatch_error(call: Call, my_rank: int, other_rank: int, other_signature: bytes) -> CollectiveMismatchError:
@@ -289,9 +375,4 @@ def mismatch_error(call: Call, my_rank: int, other_rank: int, other_signature: b
         theirs: Any = json.loads(other_signature.decode()) if other_signature else "unknown"
     except ValueError:
         theirs = "unreadable"
-    mine = call.signature.describe()
-    return CollectiveMismatchError(
-        f"collective mismatch at call #{call.seq} in group '{call.group.name}': rank {my_rank} called {mine}, "
-        f"rank {other_rank} called {theirs}",
-        {my_rank: mine, other_rank: theirs},
-    )
+    return calls_mismatch(call, {my_rank: call.signature.describe(), other_rank: theirs})

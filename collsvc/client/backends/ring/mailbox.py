@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from collsvc.client.backends.base import last_finished
@@ -130,3 +130,31 @@ class Mailbox:
         with self._cond:
             for key in [k for k in self._frames if k[0] == key_hash and k[1] == seq]:
                 del self._frames[key]
+
+    # ---- other waits under the same failure rule (the gRPC transport waits here for its sends) ----------
+    def wait_until(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Waits until ``done()`` holds (checked again at every :meth:`wake`) or ``deadline`` passes.
+
+        A failure recorded by :meth:`fail` ends the wait too, so a sender waiting for a delivery to a
+        peer on a dead path learns of a failure announced elsewhere as quickly as a receiver does.
+
+        Returns:
+            Whether ``done()`` held; False when ``deadline`` passed first.
+
+        Raises:
+            BaseException: the failure recorded by :meth:`fail`, when ``done()`` does not hold.
+        """
+        with self._cond:
+            while not done():
+                if self._failure is not None:
+                    raise self._failure
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def wake(self) -> None:
+        """Wakes every waiter to check its condition again (see :meth:`wait_until`)."""
+        with self._cond:
+            self._cond.notify_all()

@@ -1,8 +1,9 @@
 """The in-memory twin of the byte transports: ranks are threads of one process.
 
-Unit tests run the ring algorithms (and the RingBackend) over it with no sockets. It keeps the
-contract of :class:`~collsvc.client.backends.base.Channel` that the algorithms rely on: ``send`` copies
-the payload and never waits for the receiver, ``recv`` waits until the call's deadline and then raises
+A testing transport: the library never imports it. Unit tests run the ring algorithms (and the
+RingBackend) over it with no sockets. It keeps the contract of
+:class:`~collsvc.client.backends.base.Channel` that the algorithms rely on: ``send`` copies the payload
+and never waits for the receiver, ``recv`` waits until the call's deadline and then raises
 :class:`~collsvc.errors.CollectiveTimeoutError` naming the silent rank, and frames carry the sender's
 signature so a mismatched call raises :class:`~collsvc.errors.CollectiveMismatchError`.
 
@@ -23,10 +24,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from collsvc.client.backends.base import Call, GroupSpec, Signature
-from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError
+from collsvc.client.backends.base import Call, GroupSpec, Signature, mismatch_error
+from collsvc.errors import CollectiveTimeoutError
 
 _FrameKey = tuple[str, int, int, int]  # (call key, sequence, step, source global rank)
 
@@ -218,13 +218,8 @@ class MemoryChannel:
                 [{"rank": src_rank, "step": step}],
             )
         if frame.signature != self._call.signature:
-            mine: dict[str, Any] = self._call.signature.describe()
-            theirs = frame.signature.describe()
-            raise CollectiveMismatchError(
-                f"collective mismatch at call #{self._call.seq} in group '{self._call.group.name}': "
-                f"rank {self._me} called {mine}, rank {src_rank} called {theirs}",
-                {self._me: mine, src_rank: theirs},
-            )
+            calls = {self._me: self._call.signature.describe(), src_rank: frame.signature.describe()}
+            raise mismatch_error(self._call, calls)
         return memoryview(frame.payload)
 
     def flush(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import struct
 import zlib
 from typing import Any
@@ -57,13 +58,19 @@ def describe(body: bytes) -> dict[str, Any] | str:
     }
 
 
-def mismatch(where: str, bodies: list[bytes], mine: str) -> CollectiveMismatchError:
+def mismatch(where: str, bodies: list[bytes], mine: str, labels: list[bytes] | None = None) -> CollectiveMismatchError:
     """The error every rank raises when ``bodies`` (one per local rank) differ.
 
-    ``details`` maps each local rank to :func:`describe` of its descriptor (per-rank values, as
-    CollectiveMismatchError promises; digests alone named no difference a user could act on).
+    ``details`` maps each local rank to its full signature where its ``labels`` entry (JSON of
+    ``Signature.describe``) is readable, else to :func:`describe` of its descriptor.
     """
-    details: dict[int, Any] = {rank: describe(body) for rank, body in enumerate(bodies)}
+    details: dict[int, Any] = {}
+    for rank, body in enumerate(bodies):
+        label = labels[rank] if labels is not None and rank < len(labels) else b""
+        try:
+            details[rank] = json.loads(label.decode()) if label else describe(body)
+        except ValueError:
+            details[rank] = describe(body)
     return CollectiveMismatchError(
         f"{where}: local ranks called different collectives: {details}; this rank: {mine}", details
     )

@@ -19,32 +19,12 @@ barrier, before any data is combined, and stay in step for the next call.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import struct
-import sys
-import time
-from collections.abc import Callable, Iterator
-
 import numpy as np
 
-from collsvc.client.backends.ring.reduction import finish_average, reduce_into, reduce_to
-from collsvc.client.backends.shm import descriptor
-from collsvc.client.backends.shm.doorbell import Doorbell
-from collsvc.client.backends.shm.segment import Layout, Segment, SegmentViews
-from collsvc.errors import (
-    BackendUnavailableError,
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    CollsvcError,
-    RendezvousError,
-)
+from collsvc.client.backends.reduction import finish_average, reduce_into, reduce_to
+from collsvc.client.backends.shm.steps import StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
 
-logger = logging.getLogger(__name__)
-
-_HELLO = struct.Struct("<IQ")  # local_size, slot_bytes
 # Below this many bytes all_reduce/reduce take one barrier and every rank reduces everything itself.
 _DIRECT_BYTES = 64 * 1024
 
@@ -59,117 +39,13 @@ def _flat(array: np.ndarray, what: str, *, writable: bool) -> np.ndarray:
     return array.reshape(-1)
 
 
-class LocalGroup:
+class LocalGroup(StepEngine):
     """Collectives among the ranks of one group that live on this host, through shared memory.
 
     One collective at a time per group (the Communicator serializes calls); :meth:`fail` may be called
-    from any thread. Arrays are contiguous numpy arrays of any dtype, used flat.
+    from any thread. Arrays are contiguous numpy arrays of any dtype, used flat. Construction and
+    failure handling are :class:`~collsvc.client.backends.shm.steps.StepEngine`'s.
     """
-
-    #: Seconds a wait polls before it blocks; 0 because spinning starves peers sharing a core.
-    spin_seconds = 0.0
-
-    def __init__(
-        self,
-        namespace: str,
-        local_rank: int,
-        local_size: int,
-        *,
-        slot_bytes: int = 4 << 20,
-        timeout: float | None,
-    ) -> None:
-        """Binds this rank's wake-up socket; with ``timeout``, also connects (see :meth:`connect`).
-
-        Args:
-            namespace: unique per (job instance, group); every local rank passes the same.
-            local_rank: this rank's index among the group's ranks on this host.
-            local_size: how many of the group's ranks live on this host.
-            slot_bytes: bytes per chunk; larger arrays are processed in rounds. Equal on every rank.
-            timeout: seconds to wait for the other local ranks; None leaves :meth:`connect` to the
-                caller, who can then wake (:meth:`fail`, :meth:`wake`) a rank waiting for its peers.
-
-        Raises:
-            ValueError: bad rank, size or slot_bytes.
-            BackendUnavailableError: not Linux (memfd and abstract sockets are Linux-only).
-            RendezvousError: the namespace is in use, or local ranks disagree on size or slot_bytes.
-            CollectiveTimeoutError: some local ranks did not join in time (``waiting_on`` names them).
-        """
-        if not 0 <= local_rank < local_size:
-            raise ValueError(f"local_rank {local_rank} is outside 0..{local_size - 1}")
-        self._rank, self._size = local_rank, local_size
-        self._layout = Layout.for_group(slot_bytes, local_size)
-        self._name = f"shm group {namespace[:16]} local rank {local_rank}/{local_size}"
-        self._error: BaseException | None = None
-        self._watch: Callable[[], None] | None = None
-        self._closed = False
-        self._generation = 0
-        self._segments: list[Segment] = []
-        self._views: dict[np.dtype, list[SegmentViews]] = {}
-        self._bell: Doorbell | None = None
-        self._descriptions = ""
-        if local_size == 1:
-            return
-        if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
-            raise BackendUnavailableError("shared-memory collectives need Linux (memfd, abstract sockets)")
-        try:
-            self._bell = Doorbell(namespace, self._rank, self._size)
-        except OSError as exc:
-            raise RendezvousError(f"{self._name}: namespace already in use here: {exc}") from exc
-        if timeout is not None:
-            self.connect(time.monotonic() + timeout)
-
-    def connect(self, deadline: float) -> None:
-        """Exchanges segments with every other local rank; returns once all are mapped.
-
-        Raises:
-            RendezvousError: local ranks disagree on size or slot_bytes.
-            CollectiveTimeoutError: some local ranks did not join by ``deadline`` (``waiting_on`` names them).
-            BaseException: the error given to :meth:`fail`, or what the :meth:`watch` check raises.
-        """
-        bell = self._bell
-        if bell is None or self._segments:
-            return  # a group of one, or connected already
-        own, fd = Segment.create(self._layout)
-        segments: dict[int, Segment] = {self._rank: own}
-        try:
-            hello = _HELLO.pack(self._size, self._layout.slot_bytes)
-            if not bell.exchange(fd, hello, deadline, self._check_failed):
-                missing = [p for p in range(self._size) if p != self._rank and p not in bell.hellos]
-                raise CollectiveTimeoutError(
-                    f"{self._name}: local ranks {missing} did not join the shared-memory group in time",
-                    [{"rank": p} for p in missing],
-                )
-            for peer in sorted(bell.hellos):
-                peer_fd, body = bell.hellos.pop(peer)
-                try:
-                    if body != hello:
-                        raise RendezvousError(
-                            f"{self._name}: local rank {peer} has (local_size, slot_bytes) "
-                            f"{_HELLO.unpack(body) if len(body) == _HELLO.size else body!r}, ours "
-                            f"{(self._size, self._layout.slot_bytes)}"
-                        )
-                    segments[peer] = Segment.attach(peer_fd, self._layout)
-                finally:
-                    os.close(peer_fd)
-        except BaseException:
-            for segment in segments.values():
-                segment.close()
-            self.close()
-            raise
-        finally:
-            os.close(fd)
-        self._segments = [segments[r] for r in range(self._size)]
-        logger.debug("%s: joined", self._name)
-
-    @property
-    def rank(self) -> int:
-        """This rank's local rank."""
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        """The number of local ranks."""
-        return self._size
 
     # -- public collectives ----------------------------------------------------------------------
 
@@ -306,132 +182,11 @@ class LocalGroup:
         with self._call("barrier", empty, 0, None, None, digest, deadline) as body:
             self._step(deadline, body)
 
-    def fail(self, error: BaseException) -> None:
-        """Makes the pending call (woken now) and every later call raise ``error``; any thread."""
-        if self._error is None:
-            self._error = error
-        self.wake()
-
-    def watch(self, check: Callable[[], None] | None) -> None:
-        """Runs ``check`` whenever a wait of this group wakes up without its data; what it raises fails
-        the pending call (and, since ranks are then out of step, every later one).
-
-        The owner sets it per call, for conditions that depend on the call (a member that left
-        before finishing it), and calls :meth:`wake` when the condition may have changed.
-        """
-        self._watch = check
-
-    def wake(self) -> None:
-        """Makes a blocked wait look at its data, its failure and its check again; any thread."""
-        bell = self._bell
-        if bell is not None and not self._closed:
-            bell.wake()
-
-    def close(self) -> None:
-        """Unmaps the segments and closes the sockets; idempotent. Peers waiting on this rank time out."""
-        if self._closed:
-            return
-        self._closed = True
-        self._views.clear()
-        for segment in self._segments:
-            segment.close()
-        self._segments = []
-        if self._bell is not None:
-            self._bell.close()
-            self._bell = None
-
     def __enter__(self) -> LocalGroup:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # -- the step engine -------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _call(
-        self,
-        collective: str,
-        array: np.ndarray,
-        count: int,
-        op: ReduceOp | None,
-        root: int | None,
-        digest: int,
-        deadline: float,
-    ) -> Iterator[bytes]:
-        body = descriptor.encode(collective, array.dtype, count, op, root, digest)
-        self._descriptions = f"{collective} {array.dtype} x{count} op={op.name if op else '-'} root={root}"
-        try:
-            yield body
-        except CollectiveMismatchError:
-            raise  # every rank raised after the same barrier: still in step
-        except BaseException as exc:
-            # Ranks are out of step now: no later call may use the slots.
-            if self._error is None:
-                self._error = exc if isinstance(exc, CollsvcError) else CollsvcError(f"{self._name}: {exc!r}")
-            raise
-
-    def _step(self, deadline: float, body: bytes | None) -> None:
-        """Barrier ``generation + 1``; with ``body`` (first step of a call), also checks descriptors."""
-        bell = self._bell
-        assert bell is not None  # only groups of two or more step
-        generation = self._generation + 1
-        self._segments[self._rank].reached[0] = generation
-        if not bell.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds):
-            # Every rank records the step it reached in its segment: enough to name the late ones.
-            missing = [r for r, seg in enumerate(self._segments) if int(seg.reached[0]) < generation]
-            gone = sorted(bell.gone)
-            note = f" (local ranks {gone} closed their sockets: exited or closed the group)" if gone else ""
-            raise CollectiveTimeoutError(
-                f"{self._name}: local ranks {missing} did not reach step {generation} in time{note}",
-                [{"rank": r} for r in missing],
-            )
-        self._generation = generation
-        if body is not None:
-            bodies = bell.bodies[generation % 2]
-            if any(b != body for b in bodies):
-                raise descriptor.mismatch(self._name, bodies, self._descriptions)
-
-    def _solo(self) -> bool:
-        """Raises if the group failed or closed; True when there are no peers (nothing to exchange)."""
-        self._check_failed()
-        if self._closed:
-            raise CollsvcError(f"{self._name}: the group is closed")
-        return self._size == 1
-
-    def _check_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._watch is not None:
-            self._watch()
-
-    def _parity(self) -> int:
-        return (self._generation + 1) % 2
-
-    def _chunk(self, dtype: np.dtype) -> int:
-        return self._layout.slot_bytes // dtype.itemsize
-
-    def _all_views(self, dtype: np.dtype) -> list[SegmentViews]:
-        views = self._views.get(dtype)
-        if views is None:
-            views = self._views[dtype] = [segment.views(dtype) for segment in self._segments]
-        return views
-
-    def _own(self, dtype: np.dtype) -> SegmentViews:
-        return self._all_views(dtype)[self._rank]
-
-    def _peer(self, rank: int, dtype: np.dtype) -> SegmentViews:
-        return self._all_views(dtype)[rank]
-
-    def _check_root(self, root: int) -> None:
-        if not 0 <= root < self._size:
-            raise ValueError(f"root {root} is outside 0..{self._size - 1}")
-
-    def _check_sizes(self, src: np.ndarray, out: np.ndarray, ok: bool, message: str) -> None:
-        if src.dtype != out.dtype:
-            raise TypeError(f"src and out dtypes differ: {src.dtype} vs {out.dtype}")
-        if not ok:
-            raise ValueError(f"{message}: src has {src.size}, out {out.size}, local_size {self._size}")
 
     # -- reductions ------------------------------------------------------------------------------
 

@@ -51,10 +51,12 @@ class LocalGroups:
             group = self._groups.get(key)
         if group is not None:
             group.watch(check)
+            group.label(call.signature.encode)
             return group
         namespace = hashlib.blake2b(f"{self._job_key}|{call.key}|{local}".encode(), digest_size=12).hexdigest()
         group = LocalGroup(namespace, local_index, len(local), timeout=None)
         group.watch(check)
+        group.label(call.signature.encode)
         # Registered before it connects, so that a failure or departure wakes a rank waiting for peers
         # that will never come (a member that exited before its first collective).
         with self._lock:

@@ -1,0 +1,301 @@
+"""The step engine under the shared-memory collectives: segments, barriers and failure of one group.
+
+A :class:`StepEngine` maps every local rank's memfd segment and runs numbered barriers over the
+doorbell sockets (see ``group.py`` for how the collectives use the two slot parities). The first
+barrier of every call carries a descriptor; when descriptors differ, every rank takes one more step
+in which each publishes its full call signature, so the mismatch error names each rank's call. A
+failure, a departure (through the :meth:`~StepEngine.watch` check) or a deadline ends any wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from collsvc.client.backends.shm.descriptor import encode as encode_call
+from collsvc.client.backends.shm.descriptor import mismatch as describe_mismatch
+from collsvc.client.backends.shm.doorbell import Doorbell
+from collsvc.client.backends.shm.segment import Layout, Segment, SegmentViews
+from collsvc.errors import (
+    BackendUnavailableError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CollsvcError,
+    RendezvousError,
+)
+from collsvc.types import ReduceOp
+
+logger = logging.getLogger(__name__)
+
+_HELLO = struct.Struct("<IQ")  # local_size, slot_bytes
+# After a mismatch, each rank publishes up to this many bytes of its full call signature.
+_LABEL_BYTES = 1024
+_LABEL_LENGTH = struct.Struct("<I")
+
+
+class StepEngine:
+    """Segments, barriers and failure state of one shared-memory group (the base of ``LocalGroup``).
+
+    :meth:`fail`, :meth:`wake` and :meth:`watch` may be called from any thread.
+    """
+
+    #: Seconds a wait polls before it blocks; 0 because spinning starves peers sharing a core.
+    spin_seconds = 0.0
+
+    def __init__(
+        self,
+        namespace: str,
+        local_rank: int,
+        local_size: int,
+        *,
+        slot_bytes: int = 4 << 20,
+        timeout: float | None,
+    ) -> None:
+        """Binds this rank's wake-up socket; with ``timeout``, also connects (see :meth:`connect`).
+
+        Args:
+            namespace: unique per (job instance, group); every local rank passes the same.
+            local_rank: this rank's index among the group's ranks on this host.
+            local_size: how many of the group's ranks live on this host.
+            slot_bytes: bytes per chunk; larger arrays are processed in rounds. Equal on every rank.
+            timeout: seconds to wait for the other local ranks; None leaves :meth:`connect` to the
+                caller, who can then wake (:meth:`fail`, :meth:`wake`) a rank waiting for its peers.
+
+        Raises:
+            ValueError: bad rank, size or slot_bytes.
+            BackendUnavailableError: not Linux (memfd and abstract sockets are Linux-only).
+            RendezvousError: the namespace is in use, or local ranks disagree on size or slot_bytes.
+            CollectiveTimeoutError: some local ranks did not join in time (``waiting_on`` names them).
+        """
+        if not 0 <= local_rank < local_size:
+            raise ValueError(f"local_rank {local_rank} is outside 0..{local_size - 1}")
+        self._rank, self._size = local_rank, local_size
+        self._layout = Layout.for_group(slot_bytes, local_size)
+        self._name = f"shm group {namespace[:16]} local rank {local_rank}/{local_size}"
+        self._error: BaseException | None = None
+        self._watch: Callable[[], None] | None = None
+        self._label: Callable[[], bytes] = bytes
+        self._closed = False
+        self._generation = 0
+        self._segments: list[Segment] = []
+        self._views: dict[np.dtype, list[SegmentViews]] = {}
+        self._bell: Doorbell | None = None
+        self._descriptions = ""
+        if local_size == 1:
+            return
+        if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
+            raise BackendUnavailableError("shared-memory collectives need Linux (memfd, abstract sockets)")
+        try:
+            self._bell = Doorbell(namespace, self._rank, self._size)
+        except OSError as exc:
+            raise RendezvousError(f"{self._name}: namespace already in use here: {exc}") from exc
+        if timeout is not None:
+            self.connect(time.monotonic() + timeout)
+
+    def connect(self, deadline: float) -> None:
+        """Exchanges segments with every other local rank; returns once all are mapped.
+
+        Raises:
+            RendezvousError: local ranks disagree on size or slot_bytes.
+            CollectiveTimeoutError: some local ranks did not join by ``deadline`` (``waiting_on`` names them).
+            BaseException: the error given to :meth:`fail`, or what the :meth:`watch` check raises.
+        """
+        bell = self._bell
+        if bell is None or self._segments:
+            return  # a group of one, or connected already
+        own, fd = Segment.create(self._layout)
+        segments: dict[int, Segment] = {self._rank: own}
+        try:
+            hello = _HELLO.pack(self._size, self._layout.slot_bytes)
+            if not bell.exchange(fd, hello, deadline, self._check_failed):
+                missing = [p for p in range(self._size) if p != self._rank and p not in bell.hellos]
+                raise CollectiveTimeoutError(
+                    f"{self._name}: local ranks {missing} did not join the shared-memory group in time",
+                    [{"rank": p} for p in missing],
+                )
+            for peer in sorted(bell.hellos):
+                peer_fd, body = bell.hellos.pop(peer)
+                try:
+                    if body != hello:
+                        raise RendezvousError(
+                            f"{self._name}: local rank {peer} has (local_size, slot_bytes) "
+                            f"{_HELLO.unpack(body) if len(body) == _HELLO.size else body!r}, ours "
+                            f"{(self._size, self._layout.slot_bytes)}"
+                        )
+                    segments[peer] = Segment.attach(peer_fd, self._layout)
+                finally:
+                    os.close(peer_fd)
+        except BaseException:
+            for segment in segments.values():
+                segment.close()
+            self.close()
+            raise
+        finally:
+            os.close(fd)
+        self._segments = [segments[r] for r in range(self._size)]
+        logger.debug("%s: joined", self._name)
+
+    @property
+    def rank(self) -> int:
+        """This rank's local rank."""
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        """The number of local ranks."""
+        return self._size
+
+    def fail(self, error: BaseException) -> None:
+        """Makes the pending call (woken now) and every later call raise ``error``; any thread."""
+        if self._error is None:
+            self._error = error
+        self.wake()
+
+    def watch(self, check: Callable[[], None] | None) -> None:
+        """Runs ``check`` whenever a wait of this group wakes up without its data; what it raises fails
+        the pending call (and, since ranks are then out of step, every later one).
+
+        The owner sets it per call, for conditions that depend on the call (a member that left
+        before finishing it), and calls :meth:`wake` when the condition may have changed.
+        """
+        self._watch = check
+
+    def label(self, signature: Callable[[], bytes]) -> None:
+        """Sets how to get the caller's full call signature (JSON) for the next calls: after a mismatch,
+        ranks exchange these, so the error names each rank's shape, not only its element count. Called
+        only then: a call that agrees pays nothing for it."""
+        self._label = signature
+
+    def wake(self) -> None:
+        """Makes a blocked wait look at its data, its failure and its check again; any thread."""
+        bell = self._bell
+        if bell is not None and not self._closed:
+            bell.wake()
+
+    def close(self) -> None:
+        """Unmaps the segments and closes the sockets; idempotent. Peers waiting on this rank time out."""
+        if self._closed:
+            return
+        self._closed = True
+        self._views.clear()
+        for segment in self._segments:
+            segment.close()
+        self._segments = []
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
+
+    # -- the step engine -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _call(
+        self,
+        collective: str,
+        array: np.ndarray,
+        count: int,
+        op: ReduceOp | None,
+        root: int | None,
+        digest: int,
+        deadline: float,
+    ) -> Iterator[bytes]:
+        body = encode_call(collective, array.dtype, count, op, root, digest)
+        self._descriptions = f"{collective} {array.dtype} x{count} op={op.name if op else '-'} root={root}"
+        try:
+            yield body
+        except CollectiveMismatchError:
+            raise  # every rank raised after the same barrier: still in step
+        except BaseException as exc:
+            # Ranks are out of step now: no later call may use the slots.
+            if self._error is None:
+                self._error = exc if isinstance(exc, CollsvcError) else CollsvcError(f"{self._name}: {exc!r}")
+            raise
+
+    def _step(self, deadline: float, body: bytes | None) -> None:
+        """Barrier ``generation + 1``; with ``body`` (first step of a call), also checks descriptors."""
+        bell = self._bell
+        assert bell is not None  # only groups of two or more step
+        generation = self._generation + 1
+        self._segments[self._rank].reached[0] = generation
+        if not bell.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds):
+            # Every rank records the step it reached in its segment: enough to name the late ones.
+            missing = [r for r, seg in enumerate(self._segments) if int(seg.reached[0]) < generation]
+            gone = sorted(bell.gone)
+            note = f" (local ranks {gone} closed their sockets: exited or closed the group)" if gone else ""
+            raise CollectiveTimeoutError(
+                f"{self._name}: local ranks {missing} did not reach step {generation} in time{note}",
+                [{"rank": r} for r in missing],
+            )
+        self._generation = generation
+        if body is not None:
+            bodies = list(bell.bodies[generation % 2])
+            if any(b != body for b in bodies):
+                raise describe_mismatch(self._name, bodies, self._descriptions, self._exchange_labels(deadline))
+
+    def _exchange_labels(self, deadline: float) -> list[bytes]:
+        """One more step, taken by every rank after the same mismatched barrier: each publishes its
+        label (full signature), so the error can name every rank's call. Empty labels if it fails."""
+        parity = self._parity()
+        limit = min(self._layout.slot_bytes, _LABEL_BYTES) - _LABEL_LENGTH.size
+        mine = self._label()[:limit]
+        slot = self._own(np.dtype(np.uint8)).inputs[parity]
+        slot[: _LABEL_LENGTH.size] = np.frombuffer(_LABEL_LENGTH.pack(len(mine)), np.uint8)
+        slot[_LABEL_LENGTH.size : _LABEL_LENGTH.size + len(mine)] = np.frombuffer(mine, np.uint8)
+        try:
+            self._step(deadline, None)
+        except CollsvcError as exc:
+            self._error = self._error or exc  # out of step with the peers now
+            return [b""] * self._size
+        labels = []
+        for rank in range(self._size):
+            view = self._peer(rank, np.dtype(np.uint8)).inputs[parity]
+            (length,) = _LABEL_LENGTH.unpack(view[: _LABEL_LENGTH.size].tobytes())
+            labels.append(view[_LABEL_LENGTH.size : _LABEL_LENGTH.size + min(length, limit)].tobytes())
+        return labels
+
+    def _solo(self) -> bool:
+        """Raises if the group failed or closed; True when there are no peers (nothing to exchange)."""
+        self._check_failed()
+        if self._closed:
+            raise CollsvcError(f"{self._name}: the group is closed")
+        return self._size == 1
+
+    def _check_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._watch is not None:
+            self._watch()
+
+    def _parity(self) -> int:
+        return (self._generation + 1) % 2
+
+    def _chunk(self, dtype: np.dtype) -> int:
+        return self._layout.slot_bytes // dtype.itemsize
+
+    def _all_views(self, dtype: np.dtype) -> list[SegmentViews]:
+        views = self._views.get(dtype)
+        if views is None:
+            views = self._views[dtype] = [segment.views(dtype) for segment in self._segments]
+        return views
+
+    def _own(self, dtype: np.dtype) -> SegmentViews:
+        return self._all_views(dtype)[self._rank]
+
+    def _peer(self, rank: int, dtype: np.dtype) -> SegmentViews:
+        return self._all_views(dtype)[rank]
+
+    def _check_root(self, root: int) -> None:
+        if not 0 <= root < self._size:
+            raise ValueError(f"root {root} is outside 0..{self._size - 1}")
+
+    def _check_sizes(self, src: np.ndarray, out: np.ndarray, ok: bool, message: str) -> None:
+        if src.dtype != out.dtype:
+            raise TypeError(f"src and out dtypes differ: {src.dtype} vs {out.dtype}")
+        if not ok:
+            raise ValueError(f"{message}: src has {src.size}, out {out.size}, local_size {self._size}")

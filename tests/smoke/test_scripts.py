@@ -1,0 +1,162 @@
+"""Every script in benchmarks/ and examples/ runs, with tiny arguments, the way its docstring says to run it.
+
+Nothing else runs these scripts, so without this a protocol change can break one unnoticed (as
+``BarrierRequest.member_secret`` once broke ``rendezvous_scale.py``). A new script must get an entry in
+``SMOKE`` (or in ``RUN_BY`` when another script starts it); a test fails until it has one.
+
+Each run is bounded by ``SCRIPT_TIMEOUT`` seconds; the whole module takes about 25 s on an idle 2-core machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.cli._util import REPO, cli_env
+
+SCRIPT_TIMEOUT = 90.0
+FOLDERS = ("benchmarks", "examples")
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """How to run one script: ``argv`` after the Python interpreter, and a line part it must print."""
+
+    argv: tuple[str, ...]
+    expect: str
+    needs: tuple[str, ...] = ()  # importable modules without which the script cannot run at all
+
+
+def collsvc_run(n: int, path: str, *args: str) -> tuple[str, ...]:
+    return ("-m", "collsvc", "run", "-n", str(n), path, *args)
+
+
+SMOKE: dict[str, Smoke] = {
+    "examples/hello.py": Smoke(collsvc_run(2, "examples/hello.py"), "[rank 1] rank=1 size=2"),
+    "examples/collectives_tour.py": Smoke(collsvc_run(2, "examples/collectives_tour.py"), "all_reduce of [[rank]]"),
+    "examples/train_data_parallel.py": Smoke(
+        collsvc_run(2, "examples/train_data_parallel.py", "--epochs", "3"), "weights identical on all 2 ranks: True"
+    ),
+    "benchmarks/compare_gloo.py": Smoke(
+        (
+            "benchmarks/compare_gloo.py",
+            *("--ranks", "2", "--sizes", "4K", "--repeats", "1", "--iters", "2", "--warmup", "1"),
+        ),
+        "| all_reduce | 2 | 4 KiB |",
+        needs=("torch",),
+    ),
+    "benchmarks/shm_vs_gloo.py": Smoke(
+        ("benchmarks/shm_vs_gloo.py", "--ranks", "2", "--sizes", "4K"), "    2       4096", needs=("torch",)
+    ),
+    "benchmarks/rendezvous_scale.py": Smoke(
+        ("benchmarks/rendezvous_scale.py", "--ranks", "8", "--procs", "1", "--channels", "1"),
+        "ranks=8 join+barrier seconds=",
+    ),
+    "benchmarks/startup_time.py": Smoke(
+        ("benchmarks/startup_time.py", "-n", "2", "--repeats", "1"), "collsvc run -n 2 to first barrier: median"
+    ),
+    "benchmarks/timeline_overhead.py": Smoke(
+        ("benchmarks/timeline_overhead.py", "-n", "2", "--steps", "5", "--repeats", "1", "--calls", "2000"),
+        "timeline cost per step:",
+    ),
+    "benchmarks/elastic_recovery.py": Smoke(
+        ("benchmarks/elastic_recovery.py", "-n", "3", "--repeats", "1"), "recovery: median"
+    ),
+    "benchmarks/torch_backend.py": Smoke(
+        ("benchmarks/torch_backend.py", *("--ranks", "2", "--sizes", "4K", "--repeats", "1", "--ddp-steps", "2")),
+        "DDP step, 10.5M-parameter MLP: collsvc",
+        needs=("torch",),
+    ),
+    # Without a GPU it must say so and exit 0; with one it prints its table (see test_nccl_overhead...).
+    "benchmarks/nccl_overhead.py": Smoke(("benchmarks/nccl_overhead.py", "--sizes", "1M", "--iters", "2"), ""),
+}
+# Scripts that are only ever started by another script, which its own smoke run covers.
+RUN_BY = {"benchmarks/gloo_worker.py": "benchmarks/compare_gloo.py"}
+# Examples whose own test runs them through the real path (with checks beyond a smoke line).
+TESTED_IN = {
+    "examples/torch_ddp.py": "tests/torch/test_example.py",
+    "examples/elastic_train.py": "tests/elastic/test_example_and_cli.py",
+    "examples/elastic_ddp.py": "tests/elastic/test_example_and_cli.py",
+}
+
+
+def scripts() -> list[str]:
+    return sorted(str(p.relative_to(REPO)) for folder in FOLDERS for p in (REPO / folder).glob("*.py"))
+
+
+def run_script(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_every_script_has_a_smoke_entry() -> None:
+    missing = [s for s in scripts() if s not in SMOKE and s not in RUN_BY and s not in TESTED_IN]
+    assert not missing, f"add these to SMOKE (or RUN_BY) in {Path(__file__).relative_to(REPO)}: {missing}"
+    stale = sorted(set(SMOKE) - set(scripts()))
+    assert not stale, f"SMOKE names scripts that no longer exist: {stale}"
+    assert all(starter in SMOKE for starter in RUN_BY.values())
+    assert all((REPO / test).is_file() for test in TESTED_IN.values())
+
+
+@pytest.mark.parametrize("name", sorted(n for n in SMOKE if n != "benchmarks/nccl_overhead.py"))
+def test_script_runs_with_tiny_arguments(name: str) -> None:
+    smoke = SMOKE[name]
+    for module in smoke.needs:
+        pytest.importorskip(module)
+    started = time.monotonic()
+    done = run_script(smoke.argv)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert smoke.expect in done.stdout, output
+    assert "Traceback" not in output and "WARNING" not in output, output
+    print(f"MEASURED smoke {name}: {time.monotonic() - started:.1f}s")
+
+
+def gpu_reason() -> str | None:
+    """None when CuPy sees a GPU with NCCL, else why not."""
+    if importlib.util.find_spec("cupy") is None:
+        return "no CuPy"
+    from collsvc.client.backends.nccl.probe import load_cupy
+    from collsvc.errors import BackendUnavailableError
+
+    try:
+        load_cupy()
+    except BackendUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+def test_nccl_overhead_needs_a_gpu_and_says_so_without_one() -> None:
+    done = run_script(SMOKE["benchmarks/nccl_overhead.py"].argv)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Traceback" not in output, output
+    if gpu_reason() is None:
+        assert "overhead" in done.stdout.splitlines()[0], output
+    else:
+        assert done.stderr.startswith("nccl_overhead.py needs a GPU, skipped:"), output
+        assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "name", ["benchmarks/compare_gloo.py", "benchmarks/shm_vs_gloo.py", "benchmarks/torch_backend.py"]
+)
+def test_gloo_comparisons_run_gloo_on_one_thread(name: str) -> None:
+    # collsvc's ranks use one thread each; gloo with torch's default thread pool would compete for the
+    # same cores and skew the comparison on small machines.
+    sources = [(REPO / name).read_text(encoding="utf-8")]
+    sources += [(REPO / worker).read_text(encoding="utf-8") for worker, starter in RUN_BY.items() if starter == name]
+    assert any("torch.set_num_threads(1)" in text for text in sources), name
