@@ -4,6 +4,7 @@ production shape (non-root, read-only root, restart on crash, graceful SIGTERM, 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -150,3 +151,37 @@ def test_failed_job_reports_the_exit_codes(engine: Engine, image: str, token_fil
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.findall(r"^worker \S+: exited, exit code (\d+)$", proc.stdout, re.M) == ["3", "3"]
     assert "job outcome: FAILED (2 of 2 workers finished; job exit code 3)" in proc.stdout
+
+
+@pytest.mark.timeout(900)
+def test_job_outlives_a_coordinator_container_restart(engine: Engine, image: str, token_file: Path) -> None:
+    """Issue #19 against the compose file: the coordinator's process is SIGKILLed mid-training, the
+    restart policy brings it back, the members re-register, and every worker finishes with exit 0."""
+    files = [*COMPOSE, "tests/containers/compose.restart.yaml"]
+    env = compose_env(token_file, "csvrestart", WORLD_SIZE="3", TRAIN_SECONDS="14")
+    argv = ["scripts/compose_job.sh", "-f", files[0], "-f", files[1]]
+    full_env = {**os.environ, **env, **({"DOCKER_HOST": engine.host} if engine.host else {})}
+    job = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        logs = ["docker", "compose", "-f", files[0], "-f", files[1], "logs", "worker"]
+        wait_for(
+            "every worker training",
+            lambda: run(logs, host=engine.host, env=env, cwd=ROOT, check=False).stdout.count(" training") >= 3,
+            120,
+        )
+        cid = container(env, "coordinator", engine)
+        pid = int(inspect(engine, cid, "{{.State.Pid}}"))
+        run(["kill", "-KILL", str(pid)])
+        out, _ = job.communicate(timeout=JOB_TIMEOUT_S)
+        restarts = int(inspect(engine, cid, "{{.RestartCount}}"))
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        compose_down(files, env, engine.host)
+    assert restarts >= 1, out[-4000:]
+    assert job.returncode == 0, out[-6000:]
+    assert "job outcome: succeeded (3 of 3 workers finished, all exit code 0)" in out, out[-6000:]
+    match = re.search(r"restart job: (\d+) steps, all sums correct, longest step ([\d.]+)s", out)
+    assert match is not None, out[-6000:]
+    print(f"MEASURED coordinator container restart: {match.group(1)} steps, longest step {match.group(2)}s")
