@@ -128,3 +128,17 @@ def test_groups_progress_and_status(client: Client) -> None:
     assert [(g.name, list(g.ranks)) for g in job.groups] == [("pair", [0, 2])]
     assert len(job.progress) == 3
     assert isinstance(expect_error(lambda: client("GetStatus", pb.GetStatusRequest(job_id="zz"))), ValueError)
+
+
+def test_a_member_that_left_after_arriving_is_not_blamed_for_the_barrier(client: Client) -> None:
+    """Rank 0 arrives, times out first (a shorter timeout) and leaves, as a rank does after its barrier
+    failed. Rank 1, still waiting, must time out naming rank 2 (never arrived), not blame rank 0."""
+    replies = client.join_all("j", 3, lambda i: {"host": f"h{i}", "requested_rank": i})
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client, "Barrier", client.barrier_request("j", 1, 1, 2.0))
+        first = client("Barrier", client.barrier_request("j", 0, 1, 0.3))
+        assert not first.complete and [w.rank for w in first.waiting_on] == [2]
+        client("Leave", pb.LeaveRequest(job_id="j", rank=0, member_secret=replies[0].member_secret))
+        second = waiting.result()
+    assert not second.complete
+    assert [w.rank for w in second.waiting_on] == [2]

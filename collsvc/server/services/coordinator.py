@@ -148,7 +148,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         while True:
             remaining = deadline - asyncio.get_running_loop().time()
             woken = await wait_event(rt.barrier_event(key), remaining)
-            job.check_healthy(group)  # woken by a failure, leave or abort: raise it
+            # Woken by a failure, leave or abort: raise it (a member that left after arriving here left
+            # because this barrier failed for it: the others time out naming who never arrived).
+            members = job.group_ranks(group)
+            job.check_healthy(group, excused=set(members) - set(job.barriers.missing(group, generation, members)))
             if job.barriers.is_complete(group, generation):
                 job.record_barrier_wait(group, asyncio.get_running_loop().time() - arrived)
                 return pb.BarrierResponse(complete=True)

@@ -7,7 +7,7 @@ and turns them into the error every later step of the job must end with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from collsvc.errors import AbortedError, CollectiveMismatchError, RankFailedError
@@ -98,8 +98,12 @@ class FailureRecord:
             parts.append(f"collective mismatch: {self.mismatch_reason}")
         return "; ".join(parts)
 
-    def check_healthy(self, group: str) -> None:
+    def check_healthy(self, group: str, excused: Collection[int] = ()) -> None:
         """Raises the error every collective step in ``group`` must end with, if the job is broken.
+
+        ``excused``: ranks whose clean departure does not break this step (they had arrived at the
+        barrier before leaving, so they left because it failed for them: blaming them would name a
+        victim; the waiters time out instead, naming who never arrived).
 
         Raises:
             AbortedError: the job was aborted.
@@ -119,7 +123,7 @@ class FailureRecord:
                 hosts,
             )
         if self.left_ranks:
-            left = [r for r in self.left_ranks if self.group_contains(group, r)]
+            left = [r for r in self.left_ranks if self.group_contains(group, r) and r not in excused]
             if left:
                 hosts = [self.members[r].host for r in left]
                 raise RankFailedError(f"job {job_id!r}: rank(s) {left} on {hosts} left group {group!r}", left, hosts)
