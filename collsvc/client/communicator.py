@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from collsvc.client import bucketing, objects, ops
-from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature, describe_call
+from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.devices import caller_gpu_context
 from collsvc.client.job import Job
 from collsvc.client.work import Work
@@ -25,11 +25,6 @@ from collsvc.types import ReduceOp
 
 T = TypeVar("T")
 WORLD = "world"
-
-
-def describe(signature: Signature) -> str:
-    """A call as people read it in logs, status and errors: ``all_reduce(float32[1024], SUM)``."""
-    return describe_call(signature.describe())
 
 
 class Communicator:
@@ -104,7 +99,7 @@ class Communicator:
         seq = self._next_seq(stream)
         backend = self._job.backend_for(planned.on_gpu)
         group = planned.spec or self._spec
-        description = describe(signature)
+        description = signature.text
         # CuPy arrays (on either backend) may run on the worker thread: take the caller's device and stream.
         gpu_context = caller_gpu_context() if "cupy" in sys.modules else contextlib.nullcontext
 

@@ -24,15 +24,6 @@ log = logging.getLogger(__name__)
 Span = tuple[Any, int, int]
 
 
-def describe(signature: Any) -> str:
-    """A call as the timeline shows it: ``all_reduce(float32[1024], SUM)`` (as the flight recorder does)."""
-    if not signature.dtype:
-        return str(signature.op)
-    root = None if signature.root is None else f"root={signature.root}"
-    extras = "".join(f", {e}" for e in (signature.reduce_op, root) if e)
-    return f"{signature.op}({signature.dtype}{list(signature.shape)}{extras})"
-
-
 class CallRecorder:
     """Per-call statistics and (optionally) the timeline of one rank in one job.
 
@@ -114,7 +105,7 @@ class CallRecorder:
             key = (signature.op, signature.dtype, signature.shape, signature.reduce_op, signature.root)
             text = texts.get(key)
             if text is None:
-                text = texts[key] = describe(signature)
+                text = texts[key] = signature.text  # the Signature's own wording
             calls.append((stream, group, seq, signature.op, text, nbytes, start, end, outcome, reducing))
         atexit.unregister(self.close)
         path = part_path(target, self.rank)

@@ -57,6 +57,11 @@ class Signature:
         return json.dumps(self.describe(), separators=(",", ":")).encode()
 
     @functools.cached_property
+    def text(self) -> str:
+        """The call as people read it in logs, status, errors and timelines: ``all_reduce(float32[8], SUM)``."""
+        return _call_text(self.op, self.dtype, f"{list(self.shape)}", self.reduce_op, self.root)
+
+    @functools.cached_property
     def digest(self) -> int:
         """A 64-bit digest carried in every frame header (the mismatch check compares it)."""
         return int.from_bytes(hashlib.blake2b(self._encoded, digest_size=8).digest(), "little")
@@ -184,18 +189,22 @@ class Backend(Protocol):
         ...
 
 
+def _call_text(op: str, dtype: str, shape: str, reduce_op: str, root: int | None) -> str:
+    if not dtype:
+        return op
+    extras = [e for e in (reduce_op or None, None if root is None else f"root={root}") if e]
+    return f"{op}({dtype}{shape}{''.join(', ' + e for e in extras)})"
+
+
 def describe_call(call: Mapping[str, Any] | str) -> str:
     """A call as people read it: ``all_reduce(float32[2, 3], SUM)``, from :meth:`Signature.describe`
     (or from a shared-memory descriptor, which knows the element count but not the shape)."""
     if not isinstance(call, Mapping):
         return str(call)
-    op, dtype = call.get("op", "?"), call.get("dtype", "")
-    if not dtype:
-        return str(op)
     shape = f"{list(call['shape'])}" if "shape" in call else f" x{call.get('count', '?')}"
-    root = call.get("root")
-    extras = [e for e in (call.get("reduce_op") or None, None if root is None else f"root={root}") if e]
-    return f"{op}({dtype}{shape}{''.join(', ' + e for e in extras)})"
+    return _call_text(
+        str(call.get("op", "?")), call.get("dtype", ""), shape, call.get("reduce_op", ""), call.get("root")
+    )
 
 
 def mismatch_error(call: Call, calls: Mapping[int, Any]) -> CollectiveMismatchError:
