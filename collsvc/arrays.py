@@ -31,6 +31,7 @@ class Adapted:
         kind: "numpy", "cupy" or the DLPack producer's top-level module name (e.g. "torch").
         on_gpu: the user's array lives on a CUDA device.
         source: the user's object.
+        shape: ``array``'s shape (a tuple of ints).
     """
 
     array: Any
@@ -38,10 +39,7 @@ class Adapted:
     kind: str
     on_gpu: bool
     source: Any
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.array.shape)
+    shape: tuple[int, ...]
 
 
 def _module_of(obj: Any) -> str:
@@ -63,12 +61,16 @@ def adapt(x: Any, *, name: str = "array") -> Adapted:
         TypeError: ``x`` is not a numpy/CuPy array or a DLPack producer, or its dtype is unsupported.
     """
     if isinstance(x, np.ndarray):
-        return Adapted(x, dtype_name(x.dtype), "numpy", False, x)
+        return Adapted(x, dtype_name(x.dtype), "numpy", False, x, x.shape)
     if isinstance(x, np.generic):
         arr = np.asarray(x)
-        return Adapted(arr, dtype_name(arr.dtype), "numpy", False, x)
+        return Adapted(arr, dtype_name(arr.dtype), "numpy", False, x, arr.shape)
     if _is_cupy(x):
-        return Adapted(x, _cupy_dtype_name(x), "cupy", True, x)
+        return Adapted(x, _cupy_dtype_name(x), "cupy", True, x, tuple(x.shape))
+    if _module_of(x) == "torch":
+        host = _torch_cpu_view(x)
+        if host is not None:
+            return Adapted(host, dtype_name(host.dtype), "torch", False, x, host.shape)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         device_type = int(x.__dlpack_device__()[0])
         bf16 = _torch_bf16(x)
@@ -83,17 +85,29 @@ def adapt(x: Any, *, name: str = "array") -> Adapted:
                 if BFLOAT16 is None:
                     raise TypeError("bfloat16 needs the ml_dtypes package: pip install ml_dtypes")
                 arr = arr.view(BFLOAT16)
-            return Adapted(arr, dtype_name(arr.dtype), _module_of(x), False, x)
+            return Adapted(arr, dtype_name(arr.dtype), _module_of(x), False, x, arr.shape)
         if device_type == _DL_CUDA:
             import cupy
 
             arr = cupy.from_dlpack(producer)
-            return Adapted(arr, "bfloat16" if bf16 else _cupy_dtype_name(arr), _module_of(x), True, x)
+            return Adapted(arr, "bfloat16" if bf16 else _cupy_dtype_name(arr), _module_of(x), True, x, tuple(arr.shape))
         raise TypeError(f"{name}: DLPack device type {device_type} is not supported (CPU and CUDA are)")
     raise TypeError(
         f"{name} must be a numpy array, a CuPy array or an object with __dlpack__ (a torch tensor, say); "
         f"got {type(x).__name__}"
     )
+
+
+def _torch_cpu_view(x: Any) -> np.ndarray | None:
+    """A numpy view of a CPU torch tensor through its own ``numpy()`` (a few times cheaper than a DLPack
+    round trip), or None where that does not apply: CUDA, bfloat16, autograd, conjugate views."""
+    if x.device.type != "cpu" or x.requires_grad or _torch_bf16(x):
+        return None
+    try:
+        view: np.ndarray = x.numpy()
+    except (RuntimeError, TypeError):
+        return None
+    return view
 
 
 def _cupy_dtype_name(arr: Any) -> str:
@@ -173,18 +187,24 @@ def write_into(out: Any, result: Any, *, name: str = "out") -> None:
         )
         target.array[...] = src.view(target.array.dtype)
         return
-    host = result if isinstance(result, np.ndarray) else to_host(Adapted(result, target.dtype, "cupy", True, result))
+    if isinstance(result, np.ndarray):
+        host = result
+    else:
+        host = to_host(Adapted(result, target.dtype, "cupy", True, result, tuple(result.shape)))
     np.copyto(target.array, host.view(target.array.dtype) if host.dtype != target.array.dtype else host)
 
 
-def check_out_shape(out: Any, shape: tuple[int, ...], dtype: str, *, name: str = "out") -> Adapted:
-    """Validates ``out`` against the result's shape and dtype before anything is sent.
+def check_out_shape(
+    out: Any, shape: tuple[int, ...], dtype: str, *, name: str = "out", adapted: Adapted | None = None
+) -> Adapted:
+    """Validates ``out`` against the result's shape and dtype before anything is sent (``adapted``:
+    ``out`` already adapted, if the caller has it).
 
     Raises:
         ValueError: wrong shape.
         TypeError: wrong dtype or unsupported kind.
     """
-    target = adapt(out, name=name)
+    target = adapted if adapted is not None else adapt(out, name=name)
     if target.shape != shape:
         raise ValueError(f"{name} has shape {target.shape}, the result needs shape {shape}")
     if target.dtype != dtype:

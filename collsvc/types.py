@@ -27,6 +27,10 @@ class ReduceOp(enum.Enum):
     BXOR = "bxor"
     AVG = "avg"
 
+    # Members are singletons compared by identity: hash them as such, in C (Enum's own __hash__ is
+    # Python code, and ops are dictionary keys on every collective's path).
+    __hash__ = object.__hash__
+
 
 BITWISE_OPS = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 
@@ -52,16 +56,25 @@ DTYPE_CODES: dict[str, int] = {name: code for code, name in enumerate(_DTYPE_NAM
 OP_CODES: dict[ReduceOp, int] = {op: code for code, op in enumerate(ReduceOp, start=1)}
 
 
+# Supported dtypes seen so far -> their collsvc names (numpy's dtype.name is slow: it runs Python code).
+_NAME_OF: dict[np.dtype, str] = {}
+
+
 def dtype_name(dtype: np.dtype) -> str:
     """The collsvc name of a numpy dtype ("bfloat16" for ml_dtypes' bfloat16).
 
     Raises:
         TypeError: the dtype is not one collsvc supports.
     """
+    known = _NAME_OF.get(dtype)
+    if known is not None:
+        return known
     name = "bfloat16" if BFLOAT16 is not None and dtype == BFLOAT16 else dtype.name
     if name not in DTYPE_CODES or dtype.byteorder == ">":
         supported = ", ".join(_DTYPE_NAMES)
         raise TypeError(f"unsupported dtype {dtype!s}; supported: {supported}")
+    if len(_NAME_OF) < 256:  # bounded: equal dtypes with distinct metadata hash apart
+        _NAME_OF[dtype] = name
     return name
 
 
@@ -80,6 +93,10 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+# (op, dtype) pairs check_op_dtype has accepted: a repeated call checks one set membership.
+_ALLOWED_PAIRS: set[tuple[ReduceOp, np.dtype]] = set()
+
+
 def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     """Rejects reduce-op/dtype pairs that API.md forbids.
 
@@ -89,6 +106,8 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     """
     if not isinstance(op, ReduceOp):
         raise TypeError(f"op must be a collsvc.ReduceOp, got {op!r}")
+    if (op, dtype) in _ALLOWED_PAIRS:
+        return
     name = dtype_name(dtype)
     kind = dtype.kind
     if op in BITWISE_OPS and kind not in "biu":
@@ -97,6 +116,8 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
         raise TypeError(f"{op.name} is undefined for complex dtype {name}")
     if op is ReduceOp.AVG and kind in "biu":
         raise TypeError(f"AVG of integer or bool dtype {name} is not allowed; use SUM and divide")
+    if len(_ALLOWED_PAIRS) < 1024:
+        _ALLOWED_PAIRS.add((op, dtype))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ of its group and runs on the job's ordered executor. The array plumbing of each 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import sys
 import threading
 import time
@@ -63,8 +63,9 @@ class Communicator:
     def __repr__(self) -> str:
         return f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
 
-    @property
+    @functools.cached_property
     def _view(self) -> ops.GroupView:
+        # The job's backends are fixed once it is connected, before any communicator exists.
         return ops.GroupView(self.name, self.rank, self.size, self._ranks, self._job.nccl is not None)
 
     @property
@@ -101,23 +102,27 @@ class Communicator:
         group = planned.spec or self._spec
         description = signature.text
         # CuPy arrays (on either backend) may run on the worker thread: take the caller's device and stream.
-        gpu_context = caller_gpu_context() if "cupy" in sys.modules else contextlib.nullcontext
+        gpu_context = caller_gpu_context() if "cupy" in sys.modules else None
+        job = self._job
 
         def execute() -> Any:
-            self._job.failure.check()
-            limit = self._job.options.timeout if timeout is None else timeout
+            job.failure.check()
+            limit = job.options.timeout if timeout is None else timeout
             call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)
-            record = self._job.progress.start(stream, seq, description)
-            span = self._job.recorder.start(call)
+            record = job.progress.start(stream, seq, description)
+            span = job.recorder.start(call)
             try:
-                with gpu_context():
+                if gpu_context is None:
                     result = body(call, backend)
+                else:
+                    with gpu_context():
+                        result = body(call, backend)
             except CollsvcError as exc:
-                self._job.progress.finish(record, type(exc).__name__)
-                self._job.recorder.finish(span, type(exc).__name__)
-                raise self._job.on_failure(call, exc) from exc
-            self._job.progress.finish(record)
-            self._job.recorder.finish(span)
+                job.progress.finish(record, type(exc).__name__)
+                job.recorder.finish(span, type(exc).__name__)
+                raise job.on_failure(call, exc) from exc
+            job.progress.finish(record)
+            job.recorder.finish(span)
             return result
 
         if async_op:
@@ -238,7 +243,7 @@ class Communicator:
         def body(call: Call, backend: Backend) -> None:
             self._job.client.barrier(self.name, self._job.rank, generation, wait)
 
-        self._issue(ops.Planned(Signature("barrier", "", ()), body, on_gpu=False), timeout=wait)
+        self._issue(ops.Planned(Signature.of("barrier", "", ()), body, on_gpu=False), timeout=wait)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``src``'s picklable object on every rank (unpickled only from authenticated peers).

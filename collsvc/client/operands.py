@@ -69,7 +69,7 @@ class Operand:
     """The caller's ``x`` (adapted), its ``out``, and where the work happens.
 
     Attributes:
-        adapted: ``x`` adapted once (:func:`collsvc.arrays.adapt`).
+        adapted: ``x`` adapted once (:func:`collsvc.arrays.adapt`); ``out_adapted`` likewise ``out``.
         x: the caller's array, as given (``out is x`` means in place).
         out: where the result goes, or None for a new array of ``x``'s kind.
         on_device: the work runs on the GPU (NCCL); else on host copies or views.
@@ -79,10 +79,21 @@ class Operand:
     x: Any
     out: Any
     on_device: bool
+    out_adapted: Adapted | None = None  # ``out`` adapted, when it is another array than ``x``
+
+    @classmethod
+    def of(cls, adapted: Adapted, x: Any, out: Any, on_device: bool) -> Operand:
+        """An operand with ``out`` adapted once, here.
+
+        Raises:
+            TypeError: ``out`` is not a supported array.
+        """
+        out_adapted = adapt(out, name="out") if out is not None and out is not x else None
+        return cls(adapted, x, out, on_device, out_adapted)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.adapted.shape)
+        return self.adapted.shape
 
     @property
     def dtype(self) -> str:
@@ -90,7 +101,14 @@ class Operand:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.adapted.shape, dtype=np.int64))
+        return int(self.adapted.array.size)
+
+    @property
+    def target(self) -> Adapted | None:
+        """``out`` adapted, or None without ``out``."""
+        if self.out is None:
+            return None
+        return self.adapted if self.out is self.x else self.out_adapted
 
     def check_out(self, shape: tuple[int, ...], *, in_place_allowed: bool) -> None:
         """Validates ``out`` against a result of ``shape`` before anything is sent.
@@ -103,10 +121,10 @@ class Operand:
         if out is None:
             return
         if out is not self.x or not in_place_allowed:
-            check_writable(check_out_shape(out, shape, self.dtype))
+            check_writable(check_out_shape(out, shape, self.dtype, adapted=self.target))
             return
-        target = adapt(out, name="out")
-        if tuple(target.shape) != shape:
+        target = self.adapted
+        if target.shape != shape:
             raise ValueError(f"out is x, but the result has shape {shape}, not {tuple(target.shape)}")
         check_writable(target)
 
@@ -131,7 +149,8 @@ class Operand:
         if self.out is not None and self.out is self.x and self._usable_in_place(array, self.adapted):
             return Buffer(array.reshape(-1), is_out=True)
         if self.out is not None and self.out is not self.x:
-            target = adapt(self.out, name="out")
+            target = self.target
+            assert target is not None  # out is set
             dest = target.array if self.on_device else to_host(target)
             if target.on_gpu == self.adapted.on_gpu and self._usable_in_place(dest, target):
                 dest[...] = array
@@ -141,8 +160,8 @@ class Operand:
     def landing_buffer(self) -> Buffer:
         """A flat buffer for a result that overwrites everything (broadcast on non-source ranks): the
         caller's ``out`` (or ``x`` when ``out is x``) when usable, else a fresh array; nothing is copied in."""
-        if self.out is not None:
-            target = self.adapted if self.out is self.x else adapt(self.out, name="out")
+        target = self.target
+        if target is not None:
             dest = target.array if self.on_device else to_host(target)
             if target.on_gpu == self.adapted.on_gpu and self._usable_in_place(dest, target):
                 return Buffer(dest.reshape(-1), is_out=True)

@@ -21,6 +21,10 @@ from collsvc.client.operands import Operand, check_writable, empty
 from collsvc.types import ReduceOp, check_op_dtype, numpy_dtype
 
 
+# ReduceOp names without Enum's Python-level property on every call.
+_OP_NAME = {op: op.name for op in ReduceOp}
+
+
 @dataclass(frozen=True)
 class GroupView:
     """What the collectives need to know of their communicator."""
@@ -45,7 +49,7 @@ class Planned:
 
 def _operand(group: GroupView, x: Any, out: Any) -> Operand:
     a = adapt(x, name="x")
-    return Operand(a, x, out, a.on_gpu and group.gpu_backend)
+    return Operand.of(a, x, out, a.on_gpu and group.gpu_backend)
 
 
 def _split_rows(shape: tuple[int, ...], size: int, what: str) -> tuple[int, ...]:
@@ -71,7 +75,7 @@ def _operand_list(group: GroupView, xs: Sequence[Any], out: Any, what: str) -> l
     if len(outs) != len(adapted):
         raise ValueError(f"{what}: out has {len(outs)} arrays for {len(adapted)} inputs")
     on_device = adapted[0].on_gpu and group.gpu_backend
-    return [Operand(a, x, o, on_device) for a, x, o in zip(adapted, xs, outs, strict=True)]
+    return [Operand.of(a, x, o, on_device) for a, x, o in zip(adapted, xs, outs, strict=True)]
 
 
 def _pack(operands: list[Operand]) -> Any:
@@ -98,7 +102,7 @@ def all_reduce(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Planned:
         backend.all_reduce(call, buffer.array, op)
         return operand.finish_buffer(buffer, operand.shape)
 
-    return Planned(Signature("all_reduce", operand.dtype, operand.shape, op.name), body, operand.on_device)
+    return Planned(Signature.of("all_reduce", operand.dtype, operand.shape, _OP_NAME[op]), body, operand.on_device)
 
 
 def broadcast(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
@@ -123,7 +127,7 @@ def broadcast(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
         backend.broadcast(call, buffer.array, src)
         return operand.finish_buffer(buffer, operand.shape)
 
-    return Planned(Signature("broadcast", operand.dtype, operand.shape, root=src), body, operand.on_device)
+    return Planned(Signature.of("broadcast", operand.dtype, operand.shape, root=src), body, operand.on_device)
 
 
 def _fused_in_place(
@@ -153,7 +157,7 @@ def _fused_in_place(
                 results.append(operand.finish(piece.copy()))
         return results
 
-    signature = Signature(name, operands[0].dtype, (len(operands), total), op.name if op else "", root)
+    signature = Signature.of(name, operands[0].dtype, (len(operands), total), _OP_NAME[op] if op else "", root)
     return Planned(signature, body, operands[0].on_device)
 
 
@@ -170,7 +174,7 @@ def all_gather(group: GroupView, x: Any, *, out: Any) -> Planned:
         backend.all_gather(call, operand.flat(), result.reshape(-1))
         return operand.finish(result)
 
-    return Planned(Signature("all_gather", operand.dtype, operand.shape), body, operand.on_device)
+    return Planned(Signature.of("all_gather", operand.dtype, operand.shape), body, operand.on_device)
 
 
 def _all_gather_list(group: GroupView, xs: Sequence[Any], out: Any) -> Planned:
@@ -191,7 +195,7 @@ def _all_gather_list(group: GroupView, xs: Sequence[Any], out: Any) -> Planned:
             results.append(operand.finish(piece.copy()))
         return results
 
-    return Planned(Signature("all_gather", first.dtype, (len(operands), total)), body, first.on_device)
+    return Planned(Signature.of("all_gather", first.dtype, (len(operands), total)), body, first.on_device)
 
 
 def gather(group: GroupView, x: Any, dst: int, *, out: Any) -> Planned:
@@ -206,7 +210,7 @@ def gather(group: GroupView, x: Any, dst: int, *, out: Any) -> Planned:
         backend.gather(call, operand.flat(), None if result is None else result.reshape(-1), dst)
         return operand.finish(result) if is_root else None
 
-    return Planned(Signature("gather", operand.dtype, operand.shape, root=dst), body, operand.on_device)
+    return Planned(Signature.of("gather", operand.dtype, operand.shape, root=dst), body, operand.on_device)
 
 
 # ---- reductions that scatter or root --------------------------------------------------------------------
@@ -222,7 +226,7 @@ def reduce(group: GroupView, x: Any, dst: int, op: ReduceOp, *, out: Any) -> Pla
         backend.reduce(call, buffer.array, op, dst)
         return operand.finish_buffer(buffer, operand.shape) if is_root else None
 
-    return Planned(Signature("reduce", operand.dtype, operand.shape, op.name, dst), body, operand.on_device)
+    return Planned(Signature.of("reduce", operand.dtype, operand.shape, _OP_NAME[op], dst), body, operand.on_device)
 
 
 def reduce_scatter(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Planned:
@@ -236,7 +240,7 @@ def reduce_scatter(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Plann
         backend.reduce_scatter(call, operand.flat(), result.reshape(-1), op)
         return operand.finish(result)
 
-    return Planned(Signature("reduce_scatter", operand.dtype, operand.shape, op.name), body, operand.on_device)
+    return Planned(Signature.of("reduce_scatter", operand.dtype, operand.shape, _OP_NAME[op]), body, operand.on_device)
 
 
 def scatter(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
@@ -249,7 +253,7 @@ def scatter(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
             raise ValueError("scatter: pass x (any array of the full shape) or out= on non-source ranks")
         target = adapt(out, name="out")
         full_shape = _gathered_shape(target.shape, group.size) if target.shape else (group.size,)
-        operand = Operand(target, None, out, target.on_gpu and group.gpu_backend)
+        operand = Operand(target, None, out, target.on_gpu and group.gpu_backend, target)
         like = target
     else:
         operand = _operand(group, x, out)
@@ -262,7 +266,7 @@ def scatter(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
         backend.scatter(call, operand.flat() if is_root else None, result.reshape(-1), src)
         return operand.finish(result, like=like)
 
-    return Planned(Signature("scatter", operand.dtype, full_shape, root=src), body, operand.on_device)
+    return Planned(Signature.of("scatter", operand.dtype, full_shape, root=src), body, operand.on_device)
 
 
 def all_to_all(group: GroupView, x: Any, *, out: Any) -> Planned:
@@ -275,7 +279,7 @@ def all_to_all(group: GroupView, x: Any, *, out: Any) -> Planned:
         backend.all_to_all(call, operand.flat(), result.reshape(-1))
         return operand.finish(result)
 
-    return Planned(Signature("all_to_all", operand.dtype, operand.shape), body, operand.on_device)
+    return Planned(Signature.of("all_to_all", operand.dtype, operand.shape), body, operand.on_device)
 
 
 # ---- point to point -----------------------------------------------------------------------------------------
@@ -296,7 +300,7 @@ def send(group: GroupView, x: Any, dst: int, tag: int) -> Planned:
     def body(call: Call, backend: Backend) -> None:
         backend.send(call, operand.flat(), 1)
 
-    return Planned(Signature("p2p", operand.dtype, operand.shape), body, operand.on_device, stream, spec)
+    return Planned(Signature.of("p2p", operand.dtype, operand.shape), body, operand.on_device, stream, spec)
 
 
 def recv(group: GroupView, src: int, tag: int, *, out: Any, shape: Any, dtype: Any) -> Planned:
@@ -310,7 +314,7 @@ def recv(group: GroupView, src: int, tag: int, *, out: Any, shape: Any, dtype: A
         target = adapt(np.empty(dims, dt))
     else:
         raise ValueError("recv needs out= or both shape= and dtype=")
-    operand = Operand(target, None, out, target.on_gpu and group.gpu_backend)
+    operand = Operand(target, None, out, target.on_gpu and group.gpu_backend, target)
 
     def body(call: Call, backend: Backend) -> Any:
         host_out = out is not None and not operand.on_device and not target.on_gpu
@@ -321,4 +325,4 @@ def recv(group: GroupView, src: int, tag: int, *, out: Any, shape: Any, dtype: A
         backend.recv(call, result.reshape(-1), 0)
         return operand.finish(result)
 
-    return Planned(Signature("p2p", operand.dtype, operand.shape), body, operand.on_device, stream, spec)
+    return Planned(Signature.of("p2p", operand.dtype, operand.shape), body, operand.on_device, stream, spec)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from collsvc.torch._work import Finisher, future_of
+from collsvc.torch._work import Finished, Finisher, future_of
 from collsvc.types import ReduceOp
 
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
@@ -57,36 +57,34 @@ class Issuer:
         self.size = comm.size
         self._inline = inline
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         fn = getattr(self.comm, method)
         if not self._inline:
             return future_of(fn(*args, async_op=True, **kwargs))
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        done.set_result(fn(*args, **kwargs))
-        return done
+        return Finished(fn(*args, **kwargs))
 
-    def all_reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def all_reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("all_reduce", *args, **kwargs)
 
-    def reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("reduce", *args, **kwargs)
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def broadcast(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("broadcast", *args, **kwargs)
 
-    def all_gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def all_gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("all_gather", *args, **kwargs)
 
-    def reduce_scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def reduce_scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("reduce_scatter", *args, **kwargs)
 
-    def gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("gather", *args, **kwargs)
 
-    def scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("scatter", *args, **kwargs)
 
-    def all_to_all(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def all_to_all(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
         return self._call("all_to_all", *args, **kwargs)
 
 

@@ -30,6 +30,26 @@ _Work: Any = dist.Work  # subclassed through Any: torch's stubs type its methods
 _completions = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="collsvc-torch-futures")
 
 
+class Finished:
+    """The result of a call that already ran on the caller's thread (no future, no lock, no event)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+# The done-state of every Work whose calls all finished before it was made: set once, never cleared.
+_ALREADY_DONE = threading.Event()
+_ALREADY_DONE.set()
+
+
+def _done_future(value: Any) -> concurrent.futures.Future[Any]:
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
 def future_of(call: CollsvcCall[Any] | concurrent.futures.Future[Any]) -> concurrent.futures.Future[Any]:
     """The concurrent future behind a collsvc call (or ``call`` itself when it already is one)."""
     if isinstance(call, concurrent.futures.Future):
@@ -74,28 +94,33 @@ class CollsvcWork(_Work):  # type: ignore[misc]
 
     def __init__(
         self,
-        calls: Sequence[CollsvcCall[Any] | concurrent.futures.Future[Any]],
+        calls: Sequence[CollsvcCall[Any] | concurrent.futures.Future[Any]] | Sequence[Finished],
         outputs: list[torch.Tensor],
         finish: Finisher | None,
         description: str,
         timeout: float | None,
     ) -> None:
         super().__init__()
-        self._calls = [future_of(call) for call in calls]
         self._outputs = outputs
         self._finish = finish
         self._description = description
         self._timeout = timeout
         self._future: torch.futures.Future[list[torch.Tensor]] | None = None  # made when first asked for
-        self._done = threading.Event()
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self._pending = len(self._calls)
         # The Future is completed only once someone asked for it: synchronous callers never do, and
         # waking the completion thread for them would cost every small collective a thread switch.
         self._future_requested = False
-        if not self._calls:
-            self._complete()
+        if all(isinstance(call, Finished) for call in calls):
+            # Ran on the caller's thread already: finish here, with no futures or events of its own.
+            self._calls: list[concurrent.futures.Future[Any]] = []
+            self._pending = 0
+            self._settle([call.value for call in calls if isinstance(call, Finished)])
+            self._done = _ALREADY_DONE
+            return
+        self._calls = [_done_future(call.value) if isinstance(call, Finished) else future_of(call) for call in calls]
+        self._done = threading.Event()
+        self._pending = len(self._calls)
         for call in self._calls:
             call.add_done_callback(self._one_done)
 
@@ -111,15 +136,20 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         if last:
             self._complete()
 
-    def _complete(self) -> None:
+    def _settle(self, results: list[Any] | None) -> None:
+        """Runs the finisher on the calls' results (read from the calls when None); records any error."""
         try:
-            results = [call.result() for call in self._calls]
+            if results is None:
+                results = [call.result() for call in self._calls]
             if self._finish is not None:
                 self._finish(results)
         except CollsvcError as exc:
             self._error = to_torch_error(exc)
         except BaseException as exc:  # noqa: BLE001 - any failure belongs to whoever waits on this Work
             self._error = exc
+
+    def _complete(self) -> None:
+        self._settle(None)
         with self._lock:
             self._done.set()
             fulfil = self._future_requested

@@ -53,7 +53,6 @@ class Signature:
 
     @functools.cached_property
     def _encoded(self) -> bytes:
-        # Computed once per call (frozen dataclass; cached_property writes the instance dict directly).
         return json.dumps(self.describe(), separators=(",", ":")).encode()
 
     @functools.cached_property
@@ -65,6 +64,24 @@ class Signature:
     def digest(self) -> int:
         """A 64-bit digest carried in every frame header (the mismatch check compares it)."""
         return int.from_bytes(hashlib.blake2b(self._encoded, digest_size=8).digest(), "little")
+
+    @classmethod
+    def of(cls, op: str, dtype: str, shape: tuple[int, ...], reduce_op: str = "", root: int | None = None) -> Signature:
+        """The signature, shared with earlier calls that had the same one: a training loop repeats a few
+        signatures, so its encoding, digest and text are computed once, not per call."""
+        key = (op, dtype, shape, reduce_op, root)
+        known = _INTERNED.get(key)
+        if known is None:
+            if len(_INTERNED) >= _INTERNED_LIMIT:
+                _INTERNED.clear()
+            known = _INTERNED[key] = cls(op, dtype, shape, reduce_op, root)
+        return known
+
+
+# The signatures Signature.of handed out most recently (bounded: a job with ever-changing shapes
+# starts over rather than growing).
+_INTERNED: dict[tuple[str, str, tuple[int, ...], str, int | None], Signature] = {}
+_INTERNED_LIMIT = 1024
 
 
 @dataclass(frozen=True)

@@ -63,14 +63,14 @@ class RingBackend:
         self._hosts = dict(hosts) if hosts is not None else None
         self._local_groups = local_groups
         self._hierarchical = hierarchical
-        self._plans: dict[tuple[int, ...], Topology] = {}
+        self._plans: dict[tuple[tuple[int, ...], int], Topology] = {}
         self._pipeline_pool: ThreadPoolExecutor | None = None
 
     # ---- path selection ------------------------------------------------------------------------------
     def _topology(self, group: GroupSpec) -> Topology | None:
         if self._hosts is None:
             return None
-        key = (*group.ranks, group.index)
+        key = (group.ranks, group.index)
         topo = self._plans.get(key)
         if topo is None:
             topo = self._plans[key] = plan(group, self._hosts)
@@ -80,9 +80,8 @@ class RingBackend:
         topo = self._topology(call.group)
         return topo.local if topo is not None else call.group.ranks
 
-    def _shared(self, call: Call) -> Any:
-        """The LocalGroup for a call whose whole group is on this host, else None."""
-        topo = self._topology(call.group)
+    def _shared(self, call: Call, topo: Topology | None) -> Any:
+        """The LocalGroup for a call whose whole group is on this host (``topo``: its topology), else None."""
         if topo is None or self._local_groups is None or not topo.single_host or call.group.size == 1:
             return None
         return self._local_groups.get(call, topo.local, topo.local_index)
@@ -148,14 +147,13 @@ class RingBackend:
     # ---- collectives ---------------------------------------------------------------------------------
     def all_reduce(self, call: Call, buf: np.ndarray, op: ReduceOp) -> None:
         inner = reduced_as(op)
-        shared = self._shared(call)
         topo = self._topology(call.group)
+        shared = self._shared(call, topo)
         if shared is not None:
-            self._local(
-                call,
-                self._local_ranks(call),
-                lambda: shared.all_reduce(buf, inner, call.deadline, digest=call.signature.digest),
-            )
+            try:
+                shared.all_reduce(buf, inner, call.deadline, digest=call.signature.digest)
+            except CollectiveMismatchError as exc:
+                raise global_mismatch(call, self._local_ranks(call), exc) from exc
         elif topo is not None and self._use_hierarchy(topo):
             self._hierarchical_all_reduce(call, buf, inner, topo)
         else:
@@ -234,7 +232,7 @@ class RingBackend:
         rooted: bool = False,
     ) -> None:
         """Runs a call through shared memory when its group is on this host, else over channels."""
-        shared = self._shared(call)
+        shared = self._shared(call, self._topology(call.group))
         if shared is not None:
             self._local(call, self._local_ranks(call), lambda: on_shared(shared))
         elif rooted:

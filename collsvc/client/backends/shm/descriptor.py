@@ -18,6 +18,7 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatte
 _OP_NAMES = {code: op.name for op, code in OP_CODES.items()}
 
 
+@functools.lru_cache(maxsize=512)
 def encode(collective: str, dtype: np.dtype, count: int, op: ReduceOp | None, root: int | None, digest: int) -> bytes:
     """The descriptor bytes; equal on two ranks exactly when their calls agree."""
     return _DESC.pack(

@@ -80,6 +80,8 @@ class Doorbell:
         self.bodies: tuple[list[bytes], list[bytes]] = ([b""] * size, [b""] * size)
         self.hellos: dict[int, tuple[int, bytes]] = {}
         self.gone: set[int] = set()
+        # The address a message from local rank r must come from: its outbox towards us.
+        self._sources = [self._outbox_name(r, rank) for r in range(size)]
 
     def _inbox_name(self, rank: int) -> bytes:
         return self._base + b"/%d" % rank
@@ -229,6 +231,8 @@ class Doorbell:
                 return False
             if now >= spin_until:
                 self._poll.poll(_remaining_ms(deadline))
+            else:
+                os.sched_yield()
 
     def _drain(self) -> None:
         while True:
@@ -250,7 +254,7 @@ class Doorbell:
         keep = False
         if size >= HEADER.size:
             kind, sender, generation = HEADER.unpack_from(view)
-            trusted = 0 <= sender < self._size and source == self._outbox_name(sender, self._rank)
+            trusted = 0 <= sender < self._size and source == self._sources[sender]
             if trusted and kind == ARRIVE and generation > self.arrived[sender]:
                 self.arrived[sender] = generation
                 self.bodies[generation % 2][sender] = bytes(view[HEADER.size : size])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from collsvc.client.backends.base import Call, last_finished
+from collsvc.client.backends.base import Call, Signature, last_finished
 from collsvc.client.backends.shm.group import LocalGroup
 
 
@@ -29,7 +29,7 @@ class LocalGroups:
         self._job_key = job_key
         self._timeout = timeout
         self._groups: dict[tuple[str, tuple[int, ...]], LocalGroup] = {}
-        self._members: dict[tuple[str, tuple[int, ...]], frozenset[int]] = {}
+        self._watches: dict[tuple[str, tuple[int, ...]], _CallWatch] = {}
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._departed: dict[int, BaseException] = {}
@@ -46,22 +46,23 @@ class LocalGroups:
             BaseException: the job's failure, or the departure of a member that never finished ``call``.
         """
         key = (call.key, local)
-        check = self._departure_check(call)
         with self._lock:
             group = self._groups.get(key)
-        if group is not None:
-            group.watch(check)
-            group.label(call.signature.encode)
+            watch = self._watches.get(key)
+        if group is not None and watch is not None:
+            watch.follow(call)
             return group
         namespace = hashlib.blake2b(f"{self._job_key}|{call.key}|{local}".encode(), digest_size=12).hexdigest()
         group = LocalGroup(namespace, local_index, len(local), timeout=None)
-        group.watch(check)
-        group.label(call.signature.encode)
+        watch = _CallWatch(self, frozenset(call.all_members))
+        watch.follow(call)
+        group.watch(watch.check)
+        group.label(watch.label)
         # Registered before it connects, so that a failure or departure wakes a rank waiting for peers
         # that will never come (a member that exited before its first collective).
         with self._lock:
             self._groups[key] = group
-            self._members[key] = frozenset(call.all_members)
+            self._watches[key] = watch
             error = self._error
         if error is not None:
             group.fail(error)
@@ -70,24 +71,22 @@ class LocalGroups:
         except BaseException:
             with self._lock:
                 self._groups.pop(key, None)
-                self._members.pop(key, None)
+                self._watches.pop(key, None)
             group.close()
             raise
         return group
 
-    def _departure_check(self, call: Call) -> Callable[[], None]:
-        stream, seq, members = call.progress_stream, call.seq, frozenset(call.all_members)
-
-        def check() -> None:
-            # In the order they left: the first departure is the cause, later ones may be its victims.
-            for rank, error in list(self._departed.items()):
-                if rank not in members:
-                    continue
-                finished = self._finished.get(rank)
-                if finished is None or last_finished(finished, stream) < seq:
-                    raise error
-
-        return check
+    def _check_departures(self, members: frozenset[int], stream: str, seq: int) -> None:
+        """Raises the departure that dooms call ``seq`` of ``stream``, if a member left without finishing it."""
+        if not self._departed:
+            return
+        # In the order they left: the first departure is the cause, later ones may be its victims.
+        for rank, error in list(self._departed.items()):
+            if rank not in members:
+                continue
+            finished = self._finished.get(rank)
+            if finished is None or last_finished(finished, stream) < seq:
+                raise error
 
     def fail(self, error: BaseException) -> None:
         """Fails every group's pending and later calls with ``error``; any thread."""
@@ -112,7 +111,7 @@ class LocalGroups:
                 if finished is not None and rank in finished:
                     self._finished[rank] = dict(finished[rank])
             gone = set(ranks)
-            groups = [group for key, group in self._groups.items() if self._members[key] & gone]
+            groups = [group for key, group in self._groups.items() if self._watches[key].members & gone]
         for group in groups:
             group.wake()
 
@@ -120,6 +119,33 @@ class LocalGroups:
         """Closes every group (idempotent)."""
         with self._lock:
             groups, self._groups = list(self._groups.values()), {}
-            self._members.clear()
+            self._watches.clear()
         for group in groups:
             group.close()
+
+
+class _CallWatch:
+    """The call a group is running now, as its departure check and mismatch label see it.
+
+    One per group, updated per call (:meth:`follow`), so a call costs no new closures.
+    """
+
+    __slots__ = ("_groups", "members", "stream", "seq", "signature")
+
+    def __init__(self, groups: LocalGroups, members: frozenset[int]) -> None:
+        self._groups = groups
+        self.members = members
+        self.stream = ""
+        self.seq = 0
+        self.signature: Signature | None = None
+
+    def follow(self, call: Call) -> None:
+        self.stream, self.seq, self.signature = call.progress_stream, call.seq, call.signature
+
+    def check(self) -> None:
+        """Raises the departure of a member that left without finishing the current call."""
+        self._groups._check_departures(self.members, self.stream, self.seq)
+
+    def label(self) -> bytes:
+        """The current call's full signature (JSON), for mismatch errors."""
+        return self.signature.encode() if self.signature is not None else b""

@@ -9,13 +9,12 @@ failure, a departure (through the :meth:`~StepEngine.watch` check) or a deadline
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from collsvc.client.backends.shm.descriptor import encode as encode_call
 from collsvc.client.backends.shm.descriptor import mismatch as describe_mismatch
 from collsvc.client.backends.shm.doorbell import Doorbell
 from collsvc.client.backends.shm.segment import Layout, Segment, SegmentViews
+from collsvc.client.backends.shm.spin import spin_seconds
 from collsvc.errors import (
     BackendUnavailableError,
     CollectiveMismatchError,
@@ -46,9 +46,6 @@ class StepEngine:
     :meth:`fail`, :meth:`wake` and :meth:`watch` may be called from any thread.
     """
 
-    #: Seconds a wait polls before it blocks; 0 because spinning starves peers sharing a core.
-    spin_seconds = 0.0
-
     def __init__(
         self,
         namespace: str,
@@ -57,6 +54,7 @@ class StepEngine:
         *,
         slot_bytes: int = 4 << 20,
         timeout: float | None,
+        spin: float | None = None,
     ) -> None:
         """Binds this rank's wake-up socket; with ``timeout``, also connects (see :meth:`connect`).
 
@@ -67,6 +65,7 @@ class StepEngine:
             slot_bytes: bytes per chunk; larger arrays are processed in rounds. Equal on every rank.
             timeout: seconds to wait for the other local ranks; None leaves :meth:`connect` to the
                 caller, who can then wake (:meth:`fail`, :meth:`wake`) a rank waiting for its peers.
+            spin: seconds a barrier polls before it sleeps; None: :func:`~collsvc.client.backends.shm.spin.spin_seconds`.
 
         Raises:
             ValueError: bad rank, size or slot_bytes.
@@ -77,6 +76,7 @@ class StepEngine:
         if not 0 <= local_rank < local_size:
             raise ValueError(f"local_rank {local_rank} is outside 0..{local_size - 1}")
         self._rank, self._size = local_rank, local_size
+        self.spin_seconds = spin_seconds(local_size) if spin is None else spin
         self._layout = Layout.for_group(slot_bytes, local_size)
         self._name = f"shm group {namespace[:16]} local rank {local_rank}/{local_size}"
         self._error: BaseException | None = None
@@ -87,7 +87,7 @@ class StepEngine:
         self._segments: list[Segment] = []
         self._views: dict[np.dtype, list[SegmentViews]] = {}
         self._bell: Doorbell | None = None
-        self._descriptions = ""
+        self._descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None] | None = None
         if local_size == 1:
             return
         if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
@@ -194,7 +194,6 @@ class StepEngine:
 
     # -- the step engine -------------------------------------------------------------------------
 
-    @contextlib.contextmanager
     def _call(
         self,
         collective: str,
@@ -204,18 +203,11 @@ class StepEngine:
         root: int | None,
         digest: int,
         deadline: float,
-    ) -> Iterator[bytes]:
+    ) -> _CallScope:
+        """The scope of one call: ``with self._call(...) as body`` (``body``: the first step's descriptor)."""
         body = encode_call(collective, array.dtype, count, op, root, digest)
-        self._descriptions = f"{collective} {array.dtype} x{count} op={op.name if op else '-'} root={root}"
-        try:
-            yield body
-        except CollectiveMismatchError:
-            raise  # every rank raised after the same barrier: still in step
-        except BaseException as exc:
-            # Ranks are out of step now: no later call may use the slots.
-            if self._error is None:
-                self._error = exc if isinstance(exc, CollsvcError) else CollsvcError(f"{self._name}: {exc!r}")
-            raise
+        self._descriptions = (collective, array.dtype, count, op, root)
+        return _CallScope(self, body)
 
     def _step(self, deadline: float, body: bytes | None) -> None:
         """Barrier ``generation + 1``; with ``body`` (first step of a call), also checks descriptors."""
@@ -235,8 +227,11 @@ class StepEngine:
         self._generation = generation
         if body is not None:
             bodies = list(bell.bodies[generation % 2])
-            if any(b != body for b in bodies):
-                raise describe_mismatch(self._name, bodies, self._descriptions, self._exchange_labels(deadline))
+            if bodies.count(body) != len(bodies):
+                assert self._descriptions is not None  # set by _call, which gives the body
+                collective, dtype, count, op, root = self._descriptions
+                mine = f"{collective} {dtype} x{count} op={op.name if op else '-'} root={root}"
+                raise describe_mismatch(self._name, bodies, mine, self._exchange_labels(deadline))
 
     def _exchange_labels(self, deadline: float) -> list[bytes]:
         """One more step, taken by every rank after the same mismatched barrier: each publishes its
@@ -299,3 +294,23 @@ class StepEngine:
             raise TypeError(f"src and out dtypes differ: {src.dtype} vs {out.dtype}")
         if not ok:
             raise ValueError(f"{message}: src has {src.size}, out {out.size}, local_size {self._size}")
+
+
+class _CallScope:
+    """Marks a group out of step when a call ends in anything but an agreed mismatch (see ``_call``)."""
+
+    __slots__ = ("_engine", "_body")
+
+    def __init__(self, engine: StepEngine, body: bytes) -> None:
+        self._engine, self._body = engine, body
+
+    def __enter__(self) -> bytes:
+        return self._body
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, CollectiveMismatchError):
+            return  # a mismatch: every rank raised after the same barrier, still in step
+        # Ranks are out of step now: no later call may use the slots.
+        engine = self._engine
+        if engine._error is None:
+            engine._error = exc if isinstance(exc, CollsvcError) else CollsvcError(f"{engine._name}: {exc!r}")
