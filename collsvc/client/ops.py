@@ -20,7 +20,6 @@ from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.operands import Operand, check_writable, empty
 from collsvc.types import ReduceOp, check_op_dtype, numpy_dtype
 
-
 # ReduceOp names without Enum's Python-level property on every call.
 _OP_NAME = {op: op.name for op in ReduceOp}
 

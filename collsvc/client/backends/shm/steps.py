@@ -65,7 +65,7 @@ class StepEngine:
             slot_bytes: bytes per chunk; larger arrays are processed in rounds. Equal on every rank.
             timeout: seconds to wait for the other local ranks; None leaves :meth:`connect` to the
                 caller, who can then wake (:meth:`fail`, :meth:`wake`) a rank waiting for its peers.
-            spin: seconds a barrier polls before it sleeps; None: :func:`~collsvc.client.backends.shm.spin.spin_seconds`.
+            spin: seconds a barrier polls before it sleeps; None: ``spin.spin_seconds(local_size)``.
 
         Raises:
             ValueError: bad rank, size or slot_bytes.
