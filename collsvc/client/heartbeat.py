@@ -1,29 +1,25 @@
 """Liveness: heartbeats with progress to the coordinator, and the job events it pushes back.
 
-:class:`FailureState` holds the first failure a process saw (a dead peer, an abort, a mismatch, a lost
-coordinator); setting it wakes every waiter through its listeners, so pending collectives fail at once
-and later ones fail fast. :class:`ProgressTracker` records what each group last started and finished
-and keeps a flight recorder of recent collectives, written to the log and a file on failure.
+The :class:`Watcher` sends this rank's progress (``progress.py``) and turns the coordinator's job
+events into the job's first failure (``failure_state.py``), which wakes every waiter.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import grpc
 
+from collsvc.client.failure_state import FailureState
+from collsvc.client.progress import ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
-from collsvc.config import flight_recorder_dir, flight_recorder_keep
 from collsvc.errors import (
     AbortedError,
     CollectiveMismatchError,
@@ -43,154 +39,6 @@ _RETRIABLE = (
     grpc.StatusCode.UNKNOWN,
     grpc.StatusCode.DEADLINE_EXCEEDED,
 )
-
-
-class FailureState:
-    """The first failure of a job in this process; listeners are told once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._error: BaseException | None = None
-        self._listeners: list[Callable[[BaseException], None]] = []
-
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def add_listener(self, listener: Callable[[BaseException], None]) -> None:
-        with self._lock:
-            self._listeners.append(listener)
-            error = self._error
-        if error is not None:
-            listener(error)
-
-    def set(self, error: BaseException) -> bool:
-        """Records ``error`` unless a failure is already recorded; returns whether it was the first."""
-        with self._lock:
-            if self._error is not None:
-                return False
-            self._error = error
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener(error)
-        return True
-
-    def check(self) -> None:
-        """Raises the recorded failure, if any (fail fast on every call after a failure)."""
-        if self._error is not None:
-            raise self._error
-
-
-@dataclass
-class OpRecord:
-    group: str
-    seq: int
-    op: str
-    started: float
-    seconds: float | None = None
-    outcome: str = "running"
-
-
-class ProgressTracker:
-    """Per-group sequence progress plus the last ``capacity`` collectives of this rank."""
-
-    def __init__(self, capacity: int = 64) -> None:
-        self._lock = threading.Lock()
-        self._groups: dict[str, list[Any]] = {}  # group -> [started_seq, finished_seq, last_op]
-        self._recent: collections.deque[OpRecord] = collections.deque(maxlen=capacity)
-
-    def start(self, group: str, seq: int, op: str) -> OpRecord:
-        record = OpRecord(group, seq, op, time.time())
-        with self._lock:
-            entry = self._groups.setdefault(group, [0, 0, ""])
-            entry[0] = max(entry[0], seq)
-            self._recent.append(record)
-        return record
-
-    def finish(self, record: OpRecord, outcome: str = "ok") -> None:
-        with self._lock:
-            record.seconds = time.time() - record.started
-            record.outcome = outcome
-            if outcome == "ok":
-                entry = self._groups.setdefault(record.group, [0, 0, ""])
-                entry[1] = max(entry[1], record.seq)
-                entry[2] = record.op
-
-    def snapshot(self) -> list[common_pb2.Progress]:
-        with self._lock:
-            return [
-                common_pb2.Progress(group=g, started_seq=e[0], finished_seq=e[1], last_op=e[2])
-                for g, e in self._groups.items()
-            ]
-
-    def recent(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [asdict(r) for r in self._recent]
-
-    def dump(self, job_id: str, rank: int, error: BaseException) -> str:
-        """Writes the flight recorder to the log and to a JSON file; returns the file's path.
-
-        The directory keeps only the newest ``COLLSVC_DUMP_KEEP`` dumps (see :func:`prune_dumps`), so
-        failed jobs do not pile files up in the temp folder. Never raises: a dump that cannot be
-        written is logged and the failure it describes goes on unchanged.
-        """
-        records = self.recent()
-        directory = flight_recorder_dir()
-        path = os.path.join(directory, f"{DUMP_PREFIX}{job_id}-rank{rank}-{os.getpid()}.json")
-        try:
-            with open(path, "w", encoding="utf-8") as handle:
-                json.dump({"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1)
-        except OSError as exc:
-            log.warning("job %s rank %d: could not write flight recorder to %s: %s", job_id, rank, path, exc)
-        else:
-            try:
-                prune_dumps(directory, flight_recorder_keep(), keep_path=path)
-            except ValueError as exc:  # a bad COLLSVC_DUMP_KEEP must not hide the failure being reported
-                log.warning("job %s rank %d: old flight-recorder dumps not pruned: %s", job_id, rank, exc)
-        for record in records[-8:]:
-            log.debug("job %s rank %d recent: %s", job_id, rank, record)
-        return path
-
-
-DUMP_PREFIX = "collsvc-"
-
-
-def prune_dumps(directory: str, keep: int, *, keep_path: str | None = None) -> list[str]:
-    """Deletes all but the newest ``keep`` flight-recorder dumps (``collsvc-*-rank*-*.json``) in ``directory``.
-
-    ``keep_path`` (the dump just written) is never deleted. Files another rank deletes at the same
-    time are skipped. Returns the deleted paths; never raises.
-    """
-    try:
-        names = [n for n in os.listdir(directory) if _is_dump_name(n)]
-    except OSError:
-        return []
-    dated: list[tuple[float, str]] = []
-    for name in names:
-        path = os.path.join(directory, name)
-        try:
-            dated.append((os.stat(path).st_mtime, path))
-        except OSError:
-            continue  # removed meanwhile by another rank's pruning
-    dated.sort(reverse=True)  # newest first; equal times fall back to the name
-    deleted = []
-    for _, path in dated[max(keep, 1) :]:
-        if path == keep_path:
-            continue
-        try:
-            os.remove(path)
-        except OSError:
-            continue
-        deleted.append(path)
-    return deleted
-
-
-def _is_dump_name(name: str) -> bool:
-    if not (name.startswith(DUMP_PREFIX) and name.endswith(".json")):
-        return False
-    # collsvc-<job>-rank<r>-<pid>.json: the job id may hold dashes, the last two parts may not.
-    head, _, pid = name[: -len(".json")].rpartition("-")
-    rank = head.rpartition("-")[2]
-    return pid.isdigit() and rank.startswith("rank") and rank[4:].isdigit()
 
 
 def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:

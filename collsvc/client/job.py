@@ -19,7 +19,9 @@ from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.shm.groups import LocalGroups
-from collsvc.client.heartbeat import FailureState, ProgressTracker, Watcher
+from collsvc.client.failure_state import FailureState
+from collsvc.client.heartbeat import Watcher
+from collsvc.client.progress import ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.client.work import OrderedExecutor
 from collsvc.config import timeline_target

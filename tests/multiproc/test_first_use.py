@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import collsvc
-from collsvc.client.heartbeat import prune_dumps
+from collsvc.client.progress import prune_dumps
 from tests.harness import coordinator, run_ranks
 
 

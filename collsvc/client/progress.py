@@ -1,0 +1,135 @@
+"""What this rank started and finished in each group, and its flight recorder of recent collectives.
+
+:class:`ProgressTracker` records, per group (stream), the last sequence number started and finished;
+heartbeats carry it to the coordinator, which names the ranks a stuck collective waits on. It also
+keeps the last collectives of this rank, written to the log and to a JSON file when the job fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from collsvc.config import flight_recorder_dir, flight_recorder_keep
+from collsvc.proto.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OpRecord:
+    group: str
+    seq: int
+    op: str
+    started: float
+    seconds: float | None = None
+    outcome: str = "running"
+
+
+class ProgressTracker:
+    """Per-group sequence progress plus the last ``capacity`` collectives of this rank."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, list[Any]] = {}  # group -> [started_seq, finished_seq, last_op]
+        self._recent: collections.deque[OpRecord] = collections.deque(maxlen=capacity)
+
+    def start(self, group: str, seq: int, op: str) -> OpRecord:
+        record = OpRecord(group, seq, op, time.time())
+        with self._lock:
+            entry = self._groups.setdefault(group, [0, 0, ""])
+            entry[0] = max(entry[0], seq)
+            self._recent.append(record)
+        return record
+
+    def finish(self, record: OpRecord, outcome: str = "ok") -> None:
+        with self._lock:
+            record.seconds = time.time() - record.started
+            record.outcome = outcome
+            if outcome == "ok":
+                entry = self._groups.setdefault(record.group, [0, 0, ""])
+                entry[1] = max(entry[1], record.seq)
+                entry[2] = record.op
+
+    def snapshot(self) -> list[common_pb2.Progress]:
+        with self._lock:
+            return [
+                common_pb2.Progress(group=g, started_seq=e[0], finished_seq=e[1], last_op=e[2])
+                for g, e in self._groups.items()
+            ]
+
+    def recent(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [asdict(r) for r in self._recent]
+
+    def dump(self, job_id: str, rank: int, error: BaseException) -> str:
+        """Writes the flight recorder to the log and to a JSON file; returns the file's path.
+
+        The directory keeps only the newest ``COLLSVC_DUMP_KEEP`` dumps (see :func:`prune_dumps`), so
+        failed jobs do not pile files up in the temp folder. Never raises: a dump that cannot be
+        written is logged and the failure it describes goes on unchanged.
+        """
+        records = self.recent()
+        directory = flight_recorder_dir()
+        path = os.path.join(directory, f"{DUMP_PREFIX}{job_id}-rank{rank}-{os.getpid()}.json")
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump({"job": job_id, "rank": rank, "error": repr(error), "recent": records}, handle, indent=1)
+        except OSError as exc:
+            log.warning("job %s rank %d: could not write flight recorder to %s: %s", job_id, rank, path, exc)
+        else:
+            try:
+                prune_dumps(directory, flight_recorder_keep(), keep_path=path)
+            except ValueError as exc:  # a bad COLLSVC_DUMP_KEEP must not hide the failure being reported
+                log.warning("job %s rank %d: old flight-recorder dumps not pruned: %s", job_id, rank, exc)
+        for record in records[-8:]:
+            log.debug("job %s rank %d recent: %s", job_id, rank, record)
+        return path
+
+
+DUMP_PREFIX = "collsvc-"
+
+
+def prune_dumps(directory: str, keep: int, *, keep_path: str | None = None) -> list[str]:
+    """Deletes all but the newest ``keep`` flight-recorder dumps (``collsvc-*-rank*-*.json``) in ``directory``.
+
+    ``keep_path`` (the dump just written) is never deleted. Files another rank deletes at the same
+    time are skipped. Returns the deleted paths; never raises.
+    """
+    try:
+        names = [n for n in os.listdir(directory) if _is_dump_name(n)]
+    except OSError:
+        return []
+    dated: list[tuple[float, str]] = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            dated.append((os.stat(path).st_mtime, path))
+        except OSError:
+            continue  # removed meanwhile by another rank's pruning
+    dated.sort(reverse=True)  # newest first; equal times fall back to the name
+    deleted = []
+    for _, path in dated[max(keep, 1) :]:
+        if path == keep_path:
+            continue
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        deleted.append(path)
+    return deleted
+
+
+def _is_dump_name(name: str) -> bool:
+    if not (name.startswith(DUMP_PREFIX) and name.endswith(".json")):
+        return False
+    # collsvc-<job>-rank<r>-<pid>.json: the job id may hold dashes, the last two parts may not.
+    head, _, pid = name[: -len(".json")].rpartition("-")
+    rank = head.rpartition("-")[2]
+    return pid.isdigit() and rank.startswith("rank") and rank[4:].isdigit()
