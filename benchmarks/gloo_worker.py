@@ -1,83 +1,87 @@
-"""One rank of torch.distributed's gloo backend, timed the same way as collsvc's bench worker.
+"""One rank of torch.distributed's gloo backend, measured like collsvc's bench worker.
 
-Configured through GLOO_BENCH (JSON); rank 0 writes the rows to the file it names.
+Started by benchmarks/compare_gloo.py, configured through GLOO_BENCH (JSON); rank 0 writes the rows to
+the file it names. The protocol (barrier, rotated buffers, slowest rank, p50/p99) is
+collsvc/bench_protocol.py, the same code collsvc's ranks run.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
-import statistics
 import sys
-import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from collsvc.bench import bus_factor  # noqa: E402
+from collsvc import bench_protocol  # noqa: E402
 
-SECONDS_PER_SIZE = 3.0
+# One buffer set: (input, separate output), the output None where the call works in place.
+BufferSet = tuple[torch.Tensor, Any]
+# torch 2.13 renamed all_gather_into_tensor and reduce_scatter_tensor (the old names warn on each call).
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def run_op(op: str, x: torch.Tensor, out: torch.Tensor, n: int) -> None:
+def collective(op: str) -> Callable[[BufferSet], object]:
+    """A callable running ``op`` on one buffer set (torch's all_reduce, broadcast, reduce: in place)."""
     if op == "all_reduce":
-        dist.all_reduce(x)
-    elif op == "all_gather":
-        dist.all_gather_into_tensor(out, x)
-    elif op == "reduce_scatter":
-        dist.reduce_scatter_tensor(out, x)
-    elif op == "broadcast":
-        dist.broadcast(x, 0)
-    elif op == "reduce":
-        dist.reduce(x, 0)
-    else:
-        dist.all_to_all_single(out, x)
+        return lambda bufs: dist.all_reduce(bufs[0])
+    if op == "broadcast":
+        return lambda bufs: dist.broadcast(bufs[0], 0)
+    if op == "reduce":
+        return lambda bufs: dist.reduce(bufs[0], 0)
+    if op == "all_gather":
+        return lambda bufs: ALL_GATHER(bufs[1], bufs[0])
+    if op == "reduce_scatter":
+        return lambda bufs: REDUCE_SCATTER(bufs[1], bufs[0])
+    return lambda bufs: dist.all_to_all_single(bufs[1], bufs[0])
+
+
+def gather(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values``, in rank order (all ranks pass lists of one length)."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    every = torch.empty(dist.get_world_size() * len(values), dtype=torch.float64)
+    ALL_GATHER(every, mine)
+    rows: list[list[float]] = every.view(dist.get_world_size(), -1).tolist()
+    return rows
 
 
 def main() -> int:
-    # One intra-op thread, like collsvc's ranks: on a shared machine extra threads only steal cores.
+    # gloo's best settings on a shared machine: one intra-op thread (and OMP_NUM_THREADS=1, set by
+    # compare_gloo.py), as collsvc's ranks use; more threads would only compete for the same cores.
     torch.set_num_threads(1)
     config = json.loads(os.environ["GLOO_BENCH"])
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{config['port']}", rank=rank, world_size=n)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{config['store']}",
+        rank=rank,
+        world_size=n,
+        timeout=datetime.timedelta(seconds=config["timeout"]),
+    )
     op = config["op"]
+    itemsize = torch.empty(0, dtype=torch.float32).element_size()
     rows = []
     for nbytes in config["sizes"]:
-        count = max(nbytes // 4, 1)
-        count -= count % n if op in ("reduce_scatter", "all_to_all", "all_gather") and count >= n else 0
-        in_count = count // n if op == "all_gather" else count
-        out_count = count // n if op == "reduce_scatter" else count
-        x = torch.ones(max(in_count, 1), dtype=torch.float32)
-        out = torch.empty(max(out_count, 1), dtype=torch.float32)
-        for _ in range(config["warmup"]):
-            run_op(op, x, out, n)
-        dist.barrier()
-        times = []
-        end = time.perf_counter() + SECONDS_PER_SIZE
-        for i in range(config["iters"]):
-            start = time.perf_counter()
-            run_op(op, x, out, n)
-            times.append(time.perf_counter() - start)
-            if i >= 2 and time.perf_counter() > end:
-                break
-        counts = torch.tensor([len(times)])
-        dist.all_reduce(counts, op=dist.ReduceOp.MIN)
-        slowest = torch.tensor(times[: int(counts[0])], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        seconds = float(statistics.median(slowest.tolist()))
-        size_bytes = count * 4
-        algbw = size_bytes / seconds / 1e9
-        rows.append(
-            {
-                "op": op,
-                "ranks": n,
-                "bytes": size_bytes,
-                "seconds": seconds,
-                "algbw": algbw,
-                "busbw": algbw * bus_factor(op, n),
-            }
+        shape = bench_protocol.layout(op, nbytes, n, itemsize)
+        buffers: list[BufferSet] = [
+            (torch.ones(shape.in_count), torch.ones(shape.out_count) if shape.out_count else None)
+            for _ in range(bench_protocol.rotation_count(shape.set_bytes(itemsize)))
+        ]
+        result = bench_protocol.measure(
+            collective(op),
+            buffers,
+            barrier=dist.barrier,
+            gather=gather,
+            warmup=config["warmup"],
+            iterations=config["iters"],
         )
+        rows.append(bench_protocol.result_row(op, n, shape, "float32", itemsize, len(buffers), result))
     if rank == 0:
         with open(config["result"], "w", encoding="utf-8") as handle:
             json.dump(rows, handle)

@@ -1,42 +1,120 @@
-"""One rank of ``collsvc bench`` (configured through the COLLSVC_BENCH environment variable)."""
+"""One rank of ``collsvc bench`` (configured through the COLLSVC_BENCH environment variable).
+
+Every size is measured with collsvc/bench_protocol.py, the protocol torch gloo's ranks use too in
+benchmarks/compare_gloo.py; rank 0 writes the rows to the file the configuration names.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import resource
-import statistics
 import sys
-import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import collsvc
-from collsvc.bench import bus_factor
+from collsvc import bench_protocol
 from collsvc.types import numpy_dtype
 
-# Each size gets at most this many seconds of timed iterations (large sizes on 2 cores are slow).
-SECONDS_PER_SIZE = 3.0
+
+class ResultCheckError(Exception):
+    """``--check`` found a collective result that differs from the expected one."""
 
 
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+# One buffer set: (input, separate output), the output None where the call works in place.
+BufferSet = tuple[Any, Any]
 
 
-def _operation(comm: collsvc.Communicator, op: str, x: Any, out: Any) -> Any:
+def _collective(comm: collsvc.Communicator, op: str) -> Callable[[BufferSet], object]:
+    """A callable running ``op`` on one buffer set, in place (``out=x``) where torch's works in place."""
     if op == "all_reduce":
-        return comm.all_reduce(x, out=out)
-    if op == "all_gather":
-        return comm.all_gather(x, out=out)
-    if op == "reduce_scatter":
-        return comm.reduce_scatter(x, out=out)
+        return lambda bufs: comm.all_reduce(bufs[0], out=bufs[0])
     if op == "broadcast":
-        return comm.broadcast(x, 0, out=out)
+        return lambda bufs: comm.broadcast(bufs[0], 0, out=bufs[0])
     if op == "reduce":
-        return comm.reduce(x, 0, out=out if comm.rank == 0 else None)
-    return comm.all_to_all(x, out=out)
+        return lambda bufs: comm.reduce(bufs[0], 0, out=bufs[0] if comm.rank == 0 else None)
+    if op == "all_gather":
+        return lambda bufs: comm.all_gather(bufs[0], out=bufs[1])
+    if op == "reduce_scatter":
+        return lambda bufs: comm.reduce_scatter(bufs[0], out=bufs[1])
+    return lambda bufs: comm.all_to_all(bufs[0], out=bufs[1])
+
+
+def _check(comm: collsvc.Communicator, op: str, shape: bench_protocol.Layout, xp: Any, dtype: Any) -> None:
+    """One more call of ``op`` on inputs filled with rank + 1, compared with the expected result.
+
+    Raises:
+        ResultCheckError: the result differs.
+    """
+    n, rank = comm.size, comm.rank
+    x = xp.full(shape.in_count, rank + 1, dtype=dtype)
+    total = n * (n + 1) // 2
+    expected: np.ndarray[Any, Any] | None
+    rank_blocks = np.repeat(np.arange(1, n + 1), shape.count // n)  # block r holds r + 1
+    if op == "all_reduce":
+        result, expected = comm.all_reduce(x), np.full(shape.count, total)
+    elif op == "broadcast":
+        result, expected = comm.broadcast(x, 0), np.full(shape.count, 1)
+    elif op == "reduce":
+        result = comm.reduce(x, 0)
+        expected = np.full(shape.count, total) if rank == 0 else None
+    elif op == "all_gather":
+        result, expected = comm.all_gather(x), rank_blocks
+    elif op == "reduce_scatter":
+        result, expected = comm.reduce_scatter(x), np.full(shape.count // n, total)
+    else:
+        result, expected = comm.all_to_all(x), rank_blocks
+    if expected is None:
+        if result is not None:
+            raise ResultCheckError(f"{op} returned an array on rank {rank}, not the destination")
+        return
+    got = np.asarray(result.get() if hasattr(result, "get") else result, dtype=np.float64).reshape(-1)
+    if got.shape != expected.shape or not np.array_equal(got, expected):
+        raise ResultCheckError(f"{op} on rank {rank}: got {got[:8]}..., expected {expected[:8]}...")
+
+
+def _synchronized(launch: Callable[[BufferSet], object], xp: Any) -> Callable[[BufferSet], object]:
+    """``launch`` followed by waiting for the GPU stream, so the timed call includes the GPU's work."""
+
+    def run(bufs: BufferSet) -> None:
+        launch(bufs)
+        xp.cuda.get_current_stream().synchronize()
+
+    return run
+
+
+def _measure_size(
+    comm: collsvc.Communicator, config: dict[str, Any], nbytes: int, xp: Any, dtype: Any
+) -> dict[str, Any]:
+    """One size through the shared protocol; the row is the same on every rank.
+
+    Raises:
+        ResultCheckError: ``check`` is on and a result is wrong.
+    """
+    n, op = comm.size, config["op"]
+    shape = bench_protocol.layout(op, nbytes, n, dtype.itemsize)
+    buffers: list[BufferSet] = [
+        (xp.ones(shape.in_count, dtype=dtype), xp.ones(shape.out_count, dtype=dtype) if shape.out_count else None)
+        for _ in range(bench_protocol.rotation_count(shape.set_bytes(dtype.itemsize)))
+    ]
+    run = _collective(comm, op)
+    if config["device"] == "cuda":
+        run = _synchronized(run, xp)
+
+    def gather(values: list[float]) -> list[list[float]]:
+        every: list[list[float]] = comm.all_gather(np.asarray(values, dtype=np.float64)).reshape(n, -1).tolist()
+        return every
+
+    result = bench_protocol.measure(
+        run, buffers, barrier=comm.barrier, gather=gather, warmup=config["warmup"], iterations=config["iters"]
+    )
+    if config["check"]:
+        _check(comm, op, shape, xp, dtype)
+    row = bench_protocol.result_row(op, n, shape, config["dtype"], dtype.itemsize, len(buffers), result)
+    row["backend"] = comm.backend
+    return row
 
 
 def main() -> int:
@@ -46,7 +124,6 @@ def main() -> int:
     except collsvc.CollsvcError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    n, op = comm.size, config["op"]
     dtype = numpy_dtype(config["dtype"])
     xp: Any = np
     if config["device"] == "cuda":
@@ -55,70 +132,23 @@ def main() -> int:
         cupy.cuda.Device(comm.local_rank % cupy.cuda.runtime.getDeviceCount()).use()  # the GPU reported at join
         xp = cupy
     rows = []
-    for index, nbytes in enumerate(config["sizes"]):
-        # nccl-tests convention: the size is the larger buffer (output of all_gather, input of reduce_scatter).
-        count = max(nbytes // dtype.itemsize, 1)
-        count -= count % n if op in ("reduce_scatter", "all_to_all", "all_gather") and count >= n else 0
-        in_count = count // n if op == "all_gather" else count
-        out_count = count // n if op == "reduce_scatter" else count
-        x = xp.ones(max(in_count, 1), dtype=dtype)
-        out = xp.empty(max(out_count, 1), dtype=dtype)
-        warm_start = time.perf_counter()
-        for _ in range(config["warmup"]):
-            _operation(comm, op, x, out)
-        per_call = (time.perf_counter() - warm_start) / max(config["warmup"], 1)
-        # Every rank must run the same number of iterations (a rank that stopped on its own clock would
-        # call the next collective while the others still run this one: a mismatch). The slowest
-        # rank's warm-up sets how many fit the time budget.
-        per_call = float(comm.all_reduce(np.array([per_call]), collsvc.MAX)[0])
-        iterations = max(min(config["iters"], int(SECONDS_PER_SIZE / max(per_call, 1e-9))), 3)
-        comm.barrier()
-        times: list[float] = []
-        cpu_start = _cpu_seconds()
-        for _ in range(iterations):
-            start = time.perf_counter()
-            _operation(comm, op, x, out)
-            if config["device"] == "cuda":
-                xp.cuda.get_current_stream().synchronize()
-            times.append(time.perf_counter() - start)
-        cpu = _cpu_seconds() - cpu_start
-        # The slowest rank defines each iteration's time.
-        count_times = len(times)
-        slowest = comm.all_reduce(np.array(times), collsvc.MAX)
-        seconds = float(statistics.median(slowest.tolist()))
-        if config["check"] and op == "all_reduce":
-            assert float(out.reshape(-1)[0]) == float(n), "all_reduce result is wrong"
-        size_bytes = count * dtype.itemsize
-        algbw = size_bytes / seconds / 1e9
-        gb_moved = size_bytes * max(count_times, 1) / 1e9
-        rows.append(
-            {
-                "op": op,
-                "ranks": n,
-                "bytes": size_bytes,
-                "count": count,
-                "dtype": config["dtype"],
-                "seconds": seconds,
-                "algbw": algbw,
-                "busbw": algbw * bus_factor(op, n),
-                "cpu_s_per_gb": cpu / gb_moved if gb_moved else 0.0,
-                "iters": count_times,
-                "backend": comm.backend,
-            }
-        )
-        if comm.rank == 0 and config["progress"]:
-            print(
-                f"\r[{index + 1}/{len(config['sizes'])}] {size_bytes} bytes",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
+    try:
+        for index, nbytes in enumerate(config["sizes"]):
+            rows.append(_measure_size(comm, config, nbytes, xp, dtype))
+            if comm.rank == 0 and config["progress"]:
+                progress = f"\r[{index + 1}/{len(config['sizes'])}] {rows[-1]['bytes']} bytes"
+                print(progress, end="", file=sys.stderr, flush=True)
+    except ResultCheckError as exc:
+        print(f"collsvc bench: wrong result: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        # A clean departure: ranks still waiting in a call this rank never finished fail at once.
+        collsvc.destroy()
     if comm.rank == 0:
         if config["progress"]:
             print(file=sys.stderr)
         with open(config["result"], "w", encoding="utf-8") as handle:
             json.dump(rows, handle)
-    collsvc.destroy()
     return 0
 
 

@@ -1,9 +1,12 @@
 """``collsvc bench``: an nccl-tests style table for one collective over a range of sizes.
 
 The parent starts an embedded coordinator and N rank processes (``python -m collsvc._bench_worker``);
-rank 0 writes the measurements to a JSON file the parent turns into the table. Time per size is the
-median over iterations of the slowest rank; algbw = bytes / time; busbw = algbw x the nccl-tests factor
-(all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce 1).
+rank 0 writes the measurements to a JSON file the parent turns into the table. Every size follows the
+protocol of collsvc/bench_protocol.py, the one the gloo comparison (benchmarks/compare_gloo.py) uses
+for both libraries: a barrier before each call, an iteration's time is the slowest rank's, p50 and p99
+over ``--iters`` iterations, 2 to 8 distinct buffer sets in rotation (all_reduce, broadcast and reduce
+in place). algbw = bytes / p50; busbw = algbw x the nccl-tests factor (all_reduce 2(n-1)/n;
+all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce 1).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import sys
 import tempfile
 from typing import Any
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+from collsvc.bench_protocol import COLLECTIVES
+
+OPS = COLLECTIVES
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -47,14 +52,6 @@ def size_range(spec: str, factor: int = 4) -> list[int]:
         sizes.append(size)
         size *= factor
     return sizes
-
-
-def bus_factor(op: str, n: int) -> float:
-    if op == "all_reduce":
-        return 2 * (n - 1) / n if n > 1 else 0.0
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n if n > 1 else 0.0
-    return 1.0
 
 
 def run_bench(
@@ -135,15 +132,17 @@ def run_bench(
 
 
 def format_table(rows: list[dict[str, Any]], n: int, op: str) -> str:
+    """The nccl-tests style table of ``run_bench``'s rows: p50 and p99 time, bandwidths from p50."""
     lines = [
-        f"# collsvc bench: {op}, {n} ranks",
-        f"#{'size':>12} {'count':>12} {'type':>9} {'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"
-        f" {'cpu s/GB':>9}",
+        f"# collsvc bench: {op}, {n} ranks; slowest rank per iteration, after a barrier each",
+        f"#{'size':>12} {'count':>12} {'type':>9} {'bufs':>4} {'iters':>5} {'p50(us)':>11} {'p99(us)':>11}"
+        f" {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'cpu s/GB':>9}",
     ]
     for r in rows:
         lines.append(
-            f" {r['bytes']:>12} {r['count']:>12} {r['dtype']:>9} {r['seconds'] * 1e6:>11.1f} "
-            f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['cpu_s_per_gb']:>9.2f}"
+            f" {r['bytes']:>12} {r['count']:>12} {r['dtype']:>9} {r['buffers']:>4} {r['iters']:>5}"
+            f" {r['p50'] * 1e6:>11.1f} {r['p99'] * 1e6:>11.1f} {r['algbw']:>12.3f} {r['busbw']:>12.3f}"
+            f" {r['cpu_s_per_gb']:>9.2f}"
         )
     return "\n".join(lines)
 

@@ -10,9 +10,11 @@ Each run is bounded by ``SCRIPT_TIMEOUT`` seconds; the whole module takes about 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,19 @@ class Smoke:
     argv: tuple[str, ...]
     expect: str
     needs: tuple[str, ...] = ()  # importable modules without which the script cannot run at all
+    check: Callable[[str], None] | None = None  # further checks of the script's stdout
+
+
+def compare_gloo_output(stdout: str) -> None:
+    """The table names the gloo settings, and the last line is JSON with both libraries' percentiles."""
+    assert "torch.set_num_threads(1) and OMP_NUM_THREADS=1" in stdout
+    result = json.loads(stdout.strip().splitlines()[-1])
+    (row,) = result["rows"]
+    assert (row["op"], row["ranks"], row["bytes"], row["repeats"]) == ("all_reduce", 2, 4096, 1)
+    for side in ("collsvc", "gloo"):
+        numbers = row[side]
+        assert 0 < numbers["p50"] <= numbers["p99"] and numbers["iters"] == 3 and numbers["buffers"] == 8
+    assert row["ratio_p50"] == row["gloo"]["p50"] / row["collsvc"]["p50"]
 
 
 def collsvc_run(n: int, path: str, *args: str) -> tuple[str, ...]:
@@ -46,10 +61,12 @@ SMOKE: dict[str, Smoke] = {
     "benchmarks/compare_gloo.py": Smoke(
         (
             "benchmarks/compare_gloo.py",
-            *("--ranks", "2", "--sizes", "4K", "--repeats", "1", "--iters", "2", "--warmup", "1"),
+            *("--ranks", "2", "--ops", "all_reduce", "--sizes", "4K"),
+            *("--repeats", "1", "--iters", "3", "--warmup", "1"),
         ),
-        "| all_reduce | 2 | 4 KiB |",
+        "| all_reduce | 2 | 4 KiB | 8 |",
         needs=("torch",),
+        check=compare_gloo_output,
     ),
     "benchmarks/shm_vs_gloo.py": Smoke(
         ("benchmarks/shm_vs_gloo.py", "--ranks", "2", "--sizes", "4K"), "    2       4096", needs=("torch",)
@@ -122,6 +139,8 @@ def test_script_runs_with_tiny_arguments(name: str) -> None:
     assert done.returncode == 0, output
     assert smoke.expect in done.stdout, output
     assert "Traceback" not in output and "WARNING" not in output, output
+    if smoke.check is not None:
+        smoke.check(done.stdout)
     print(f"MEASURED smoke {name}: {time.monotonic() - started:.1f}s")
 
 

@@ -1,0 +1,95 @@
+"""The benchmark runners for real.
+
+``collsvc bench`` (embedded coordinator, one process per rank, shared memory): every collective's
+result passes ``--check``, and the rows carry the shared protocol's p50 and p99. Three ranks, so
+blocked collectives get sizes that are not powers of two. About 2-4 s per run on a 2-core machine.
+
+compare_gloo.py's wait for gloo's ranks reports the first failed rank at once, while its peers still
+wait (gloo's own peers would wait for gloo's timeout).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from types import ModuleType
+
+import pytest
+
+from collsvc.bench_protocol import COLLECTIVES, layout
+from tests.cli._util import REPO, run_cli
+
+RUN_TIMEOUT = 120.0
+
+
+@pytest.mark.parametrize("op", COLLECTIVES)
+def test_bench_checks_every_collective_and_reports_percentiles(op: str) -> None:
+    done = run_cli(
+        *("bench", "-n", "3", "--op", op, "--sizes", "4K:16K", "--iters", "4", "--warmup", "1", "--check", "--json"),
+        timeout=RUN_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [row["bytes"] for row in rows] == [layout(op, size, 3, 4).count * 4 for size in (4096, 16384)]
+    for row in rows:
+        assert (row["op"], row["ranks"], row["iters"], row["buffers"]) == (op, 3, 4, 8)
+        assert 0 < row["p50"] <= row["p99"]
+        assert row["in_place"] == layout(op, 4096, 3, 4).in_place
+        assert row["busbw"] > 0 and row["backend"] == "ring"
+
+
+def test_bench_table_shows_p50_and_p99() -> None:
+    done = run_cli("bench", "-n", "2", "--sizes", "4K", "--iters", "3", "--warmup", "1", timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()[1:]
+    assert "p50(us)" in header and "p99(us)" in header
+    assert row.split()[:5] == ["4096", "1024", "float32", "8", "3"]
+
+
+def load_compare_gloo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("compare_gloo", REPO / "benchmarks" / "compare_gloo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_waiting_for_ranks_reports_the_failed_one_while_its_peer_still_waits() -> None:
+    compare_gloo = load_compare_gloo()
+    # Rank 0 blocks until its stdin closes (a peer waiting for the failed rank); rank 1 fails.
+    waiting = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    failing = [sys.executable, "-c", "import sys; sys.stderr.write('gloo error: boom'); sys.exit(3)"]
+    procs = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for argv in (waiting, failing)
+    ]
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="gloo rank 1 exited 3: gloo error: boom"):
+            compare_gloo.wait_ranks(procs, timeout=60.0)
+        assert time.monotonic() - started < 30.0  # not the 60 s timeout
+        assert procs[0].poll() is None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
+def test_waiting_for_ranks_times_out_naming_who_is_left() -> None:
+    compare_gloo = load_compare_gloo()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with pytest.raises(TimeoutError, match=r"gloo ranks \[0\] still running"):
+            compare_gloo.wait_ranks([proc], timeout=0.5)
+    finally:
+        proc.kill()
+        proc.communicate()
