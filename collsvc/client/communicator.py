@@ -241,7 +241,11 @@ class Communicator:
             generation = self._barriers
 
         def body(call: Call, backend: Backend) -> None:
-            self._job.client.barrier(self.name, self._job.rank, generation, wait)
+            # In the data plane where the group allows (shared memory on one host: microseconds, and
+            # a rank that called another collective instead is named as a mismatch); else through
+            # the coordinator, which names who never arrived.
+            if not backend.barrier(call):
+                self._job.client.barrier(self.name, self._job.rank, generation, wait)
 
         self._issue(ops.Planned(Signature.of("barrier", "", ()), body, on_gpu=False), timeout=wait)
 

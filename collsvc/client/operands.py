@@ -64,7 +64,6 @@ def check_writable(target: Adapted, name: str = "out") -> None:
         )
 
 
-@dataclass(frozen=True)
 class Operand:
     """The caller's ``x`` (adapted), its ``out``, and where the work happens.
 
@@ -73,13 +72,19 @@ class Operand:
         x: the caller's array, as given (``out is x`` means in place).
         out: where the result goes, or None for a new array of ``x``'s kind.
         on_device: the work runs on the GPU (NCCL); else on host copies or views.
+        shape / dtype: ``x``'s shape and logical dtype name.
     """
 
-    adapted: Adapted
-    x: Any
-    out: Any
-    on_device: bool
-    out_adapted: Adapted | None = None  # ``out`` adapted, when it is another array than ``x``
+    __slots__ = ("adapted", "x", "out", "on_device", "out_adapted", "shape", "dtype")
+
+    def __init__(self, adapted: Adapted, x: Any, out: Any, on_device: bool, out_adapted: Adapted | None = None) -> None:
+        self.adapted = adapted
+        self.x = x
+        self.out = out
+        self.on_device = on_device
+        self.out_adapted = out_adapted  # ``out`` adapted, when it is another array than ``x``
+        self.shape: tuple[int, ...] = adapted.shape
+        self.dtype: str = adapted.dtype
 
     @classmethod
     def of(cls, adapted: Adapted, x: Any, out: Any, on_device: bool) -> Operand:
@@ -90,14 +95,6 @@ class Operand:
         """
         out_adapted = adapt(out, name="out") if out is not None and out is not x else None
         return cls(adapted, x, out, on_device, out_adapted)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.adapted.shape
-
-    @property
-    def dtype(self) -> str:
-        return self.adapted.dtype
 
     @property
     def size(self) -> int:

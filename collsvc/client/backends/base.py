@@ -199,6 +199,15 @@ class Backend(Protocol):
 
     def recv(self, call: Call, out: Any, src: int) -> None: ...
 
+    def barrier(self, call: Call) -> bool:
+        """Runs a barrier of ``call``'s group in the data plane, where this backend can.
+
+        Returns:
+            True once every member arrived; False, at once, when the backend has no data-plane barrier
+            for this group (the caller then uses the coordinator's).
+        """
+        ...
+
     def close(self) -> None: ...
 
     def abort(self, error: BaseException) -> None:

@@ -108,6 +108,36 @@ def reduce_to(op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> No
         _spent.ns = getattr(_spent, "ns", 0) + time.perf_counter_ns() - started
 
 
+def reduce_parts(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray]) -> None:
+    """``out = parts[0] OP parts[1] OP ...`` in this order (AVG applied as SUM), in one kernel pass each.
+
+    The same as :func:`reduce_to` then :func:`reduce_into` for every further part, with one error-state
+    switch and one clock read for all of them (small collectives pay for each). ``out`` may be
+    ``parts[0]`` or ``parts[1]`` but no later part (it is overwritten first).
+
+    Raises:
+        TypeError: ``op`` is not a ReduceOp, or the dtype has no loop for it.
+        ValueError: fewer than two parts, or the lengths differ.
+    """
+    if len(parts) < 2:
+        raise ValueError(f"reduce_parts needs at least two parts, got {len(parts)}")
+    ufunc = ufunc_for(op, out.dtype)
+    if not _has_native_loop(ufunc, out.dtype):
+        reduce_to(op, out, parts[0], parts[1])
+        for part in parts[2:]:
+            reduce_to(op, out, out, part)
+        return
+    started = time.perf_counter_ns()
+    try:
+        # As in _combine: overflow to inf and inf - inf = nan are results, not warnings.
+        with np.errstate(over="ignore", invalid="ignore"):
+            ufunc(parts[0], parts[1], out=out)
+            for part in parts[2:]:
+                ufunc(out, part, out=out)
+    finally:
+        _spent.ns = getattr(_spent, "ns", 0) + time.perf_counter_ns() - started
+
+
 def reducing_ns() -> int:
     """Nanoseconds this thread has spent in reduction kernels so far (the timeline's "reducing" phase)."""
     return int(getattr(_spent, "ns", 0))

@@ -247,6 +247,10 @@ class NcclBackend:
 
     # ----------------------------------------------------------------- lifecycle
 
+    def barrier(self, call: Call) -> bool:
+        """No data-plane barrier here: barriers are host-side calls (the ring's or the coordinator's)."""
+        return False
+
     def abort(self, error: BaseException) -> None:
         """Aborts every communicator and fails pending and later calls with ``error``."""
         self._break(as_collsvc_error(error, "operation"))

@@ -295,6 +295,20 @@ class RingBackend:
     def recv(self, call: Call, out: np.ndarray, src: int) -> None:
         self._run(call, lambda ch: algorithms.recv(ch, out, src))
 
+    def barrier(self, call: Call) -> bool:
+        """A shared-memory barrier for a group that lives on this host (one hop for two ranks, a
+        central barrier for more: tens of microseconds, not a coordinator round trip); False for
+        groups that span hosts."""
+        topo = self._topology(call.group)
+        shared = self._shared(call, topo)
+        if shared is None:
+            return False
+        try:
+            shared.barrier(call.deadline, digest=call.signature.digest)
+        except CollectiveMismatchError as exc:
+            raise global_mismatch(call, self._local_ranks(call), exc) from exc
+        return True
+
     def close(self) -> None:
         if self._pipeline_pool is not None:
             self._pipeline_pool.shutdown(wait=False, cancel_futures=True)

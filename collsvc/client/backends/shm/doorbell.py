@@ -170,10 +170,10 @@ class Doorbell:
         self.arrived[self._rank] = generation
         self.bodies[parity][self._rank] = body
         if self._size == 2 or self._rank == 0:
-            message = HEADER.pack(ARRIVE, self._rank, generation) + body
-            targets = list(self._out) if self._size == 2 else []
-            if not self._send_all(targets, message, deadline):
-                return False
+            if self._size == 2:
+                peer = 1 - self._rank
+                if not self._send_fast(peer, HEADER.pack(ARRIVE, self._rank, generation) + body, deadline):
+                    return False
             arrived = self.arrived
             if not self.wait(lambda: min(arrived) >= generation, deadline, check, spin):
                 return False
@@ -181,9 +181,23 @@ class Doorbell:
                 return True
             release = HEADER.pack(RELEASE, self._rank, generation) + b"".join(self.bodies[parity])
             return self._send_all(list(self._out), release, deadline)
-        if not self._send_all([0], HEADER.pack(ARRIVE, self._rank, generation) + body, deadline):
+        if not self._send_fast(0, HEADER.pack(ARRIVE, self._rank, generation) + body, deadline):
             return False
         return self.wait(lambda: self.released >= generation, deadline, check, spin)
+
+    def _send_fast(self, peer: int, message: bytes, deadline: float) -> bool:
+        """:meth:`_send_all` to one peer, trying the plain send first (its queue is rarely full)."""
+        if peer in self.gone:
+            return True
+        sock = self._out[peer]
+        try:
+            sock.send(message)
+            return True
+        except BlockingIOError:
+            return self._send(peer, sock, message, deadline)
+        except _GONE:
+            self.gone.add(peer)
+            return True
 
     def _send_all(self, peers: list[int], message: bytes, deadline: float) -> bool:
         for peer in peers:
@@ -218,7 +232,17 @@ class Doorbell:
         Raises:
             Whatever ``check`` raises (it runs after every wake-up that did not make ``ready()`` true).
         """
-        spin_until = time.monotonic() + spin
+        if spin > 0:
+            # Poll without sleeping, handing the core to any runnable process between polls. Failures
+            # and departures are checked below, once the spin (microseconds) is over.
+            spin_until = time.monotonic() + spin
+            while True:
+                self._drain()
+                if ready():
+                    return True
+                if time.monotonic() >= spin_until:
+                    break
+                os.sched_yield()
         while True:
             self._drain()
             # What already arrived wins over a recorded failure: a peer that contributed and then left
@@ -226,13 +250,9 @@ class Doorbell:
             if ready():
                 return True
             check()
-            now = time.monotonic()
-            if now >= deadline:
+            if time.monotonic() >= deadline:
                 return False
-            if now >= spin_until:
-                self._poll.poll(_remaining_ms(deadline))
-            else:
-                os.sched_yield()
+            self._poll.poll(_remaining_ms(deadline))
 
     def _drain(self) -> None:
         while True:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collsvc.client.backends.reduction import finish_average, reduce_into, reduce_to
+from collsvc.client.backends.reduction import finish_average, reduce_parts
 from collsvc.client.backends.shm.steps import StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
 
@@ -196,7 +196,7 @@ class LocalGroup(StepEngine):
         gather = root is None or root == me
         if total * buf.dtype.itemsize <= min(_DIRECT_BYTES, self._layout.slot_bytes):
             parity = self._parity()
-            np.copyto(views[me].inputs[parity][:total], buf)
+            views[me].inputs[parity][:total] = buf  # slice assignment: numpy's copyto wrapper costs more
             self._step(deadline, body)
             if gather:
                 # Reduce into our slot of the other parity (free until the next step, see the module
@@ -204,7 +204,7 @@ class LocalGroup(StepEngine):
                 # and the slots sit at the same offsets on every rank.
                 scratch = views[me].inputs[1 - parity][:total]
                 _combine(op, scratch, [v.inputs[parity][:total] for v in views], n)
-                np.copyto(buf, scratch)
+                buf[:] = scratch
             return
         chunk = self._chunk(buf.dtype)
         chunks = -(-total // chunk)
@@ -240,8 +240,6 @@ def _combine(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray], size: int) 
 
     ``out`` may be ``parts[0]`` or ``parts[1]`` but no later part (it is overwritten first).
     """
-    reduce_to(op, out, parts[0], parts[1])
-    for part in parts[2:]:
-        reduce_into(op, out, part)
+    reduce_parts(op, out, parts)
     if op is ReduceOp.AVG:
         finish_average(out, size)
