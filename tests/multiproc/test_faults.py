@@ -338,6 +338,33 @@ def test_mismatch_is_always_an_error(world_size: int, transport: str) -> None:
         print("  e.g.", outcome.value["dtype"].get("message"))
 
 
+def barrier_against_all_reduce(rank: int) -> dict[str, Any]:
+    """Rank 0 enters a barrier while the others call all_reduce at the same sequence number."""
+    comm = collsvc.init(timeout=10.0)
+    try:
+        if comm.rank == 0:
+            return attempt(comm.barrier)
+        return attempt(comm.all_reduce, np.ones(4))
+    finally:
+        collsvc.destroy()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_barrier_against_another_collective_is_a_mismatch(world_size: int) -> None:
+    """A group on one host runs its barriers in shared memory, where the first step compares every
+    rank's call: a barrier met by an all_reduce is a mismatch on every rank at once, not a timeout."""
+    with coordinator() as (_, address):
+        result = run_ranks(
+            barrier_against_all_reduce, world_size, address=address, env=FAST_HEARTBEAT, use_init=False, timeout=60
+        )
+    for outcome in result.outcomes:
+        got = outcome.value
+        assert got["type"] == "CollectiveMismatchError", (outcome.rank, got)
+        assert got["elapsed"] < 5.0, (outcome.rank, got)  # found by the check, not by the 10 s timeout
+        calls = {int(k): v for k, v in got["details"].items()}
+        assert calls[0]["op"] == "barrier" and calls[world_size - 1]["op"] == "all_reduce", (outcome.rank, got)
+
+
 # --------------------------------------------------------------------------------------------------
 # Promise 6: `collsvc run` names a rank killed by a signal and stops the others.
 

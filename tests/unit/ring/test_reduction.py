@@ -122,3 +122,25 @@ def test_float_overflow_is_a_result_not_a_warning() -> None:
         warnings.simplefilter("error")
         reduce_into(ReduceOp.SUM, dst, np.array([np.finfo(np.float32).max, -np.inf], np.float32))
     assert np.isinf(dst[0]) and np.isnan(dst[1])
+
+
+def test_reduce_parts_equals_pairwise_reduction_bit_for_bit() -> None:
+    """The shared-memory groups combine all parts in one pass; the bits must be those of the pairwise
+    kernels, in the same order, for every dtype and op."""
+    rng = np.random.default_rng(7)
+    for dtype in ALL_DTYPES:
+        for op in [*ops_for(dtype), *([ReduceOp.AVG] if dtype.kind in "fcV" else [])]:
+            for parts_count in (2, 3, 5):
+                rows = exact_inputs(rng, dtype, op, parts_count, 17)
+                expected = rows[0].copy()
+                reduce_into(op, expected, rows[1])
+                for row in rows[2:]:
+                    reduce_into(op, expected, row)
+                got = np.empty_like(rows[0])
+                reduction.reduce_parts(op, got, rows)
+                assert got.tobytes() == expected.tobytes(), f"{dtype}/{op.name}/{parts_count}"
+
+
+def test_reduce_parts_needs_two_parts() -> None:
+    with pytest.raises(ValueError, match="at least two"):
+        reduction.reduce_parts(ReduceOp.SUM, np.zeros(2), [np.zeros(2)])

@@ -1,0 +1,26 @@
+"""The polling budget of shared-memory waits: poll only while every local rank has a core."""
+
+from __future__ import annotations
+
+import pytest
+
+from collsvc.client.backends.shm import spin
+
+
+def test_polls_only_when_every_local_rank_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLLSVC_SHM_SPIN_US", raising=False)
+    assert spin.spin_seconds(2, cores=2) == spin.SPIN_SECONDS > 0
+    assert spin.spin_seconds(4, cores=4) == spin.SPIN_SECONDS
+    assert spin.spin_seconds(4, cores=2) == 0.0  # more ranks than cores: sleep at once
+    assert spin.spin_seconds(3, cores=2) == 0.0
+
+
+def test_the_environment_overrides_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLSVC_SHM_SPIN_US", "250")
+    assert spin.spin_seconds(8, cores=2) == pytest.approx(250e-6)
+    monkeypatch.setenv("COLLSVC_SHM_SPIN_US", "0")
+    assert spin.spin_seconds(2, cores=2) == 0.0
+
+
+def test_usable_cores_is_at_least_one() -> None:
+    assert spin.usable_cores() >= 1
