@@ -37,6 +37,20 @@ from collsvc.launcher import (
 JOIN_ENV = "COLLSVC_ELASTIC_JOIN"  # the same name collsvc.elastic.membership reads
 
 
+def newcomer_env(job_id: str) -> dict[str, str]:
+    """The variables that make a process a newcomer of the elastic job ``job_id``.
+
+    ``collsvc.init()`` then joins a stand-in job of its own (world size 1, a random job id), and
+    ``collsvc.elastic.run`` waits in ``job_id``'s lobby until the members admit it at a commit.
+    """
+    return {
+        "COLLSVC_WORLD_SIZE": "1",
+        "COLLSVC_RANK": "0",
+        "COLLSVC_JOB_ID": f"{job_id}@newcomer-{secrets.token_hex(6)}",
+        JOIN_ENV: job_id,
+    }
+
+
 class ElasticLauncher(Launcher):
     """A :class:`~collsvc.launcher.Launcher` that keeps the job going when ranks fail.
 
@@ -70,13 +84,7 @@ class ElasticLauncher(Launcher):
         self._restarts += 1
         local_rank = (failed.rank - self.spec.node_rank * self.spec.nproc) % self.spec.nproc
         env = rank_env(os.environ, self.spec, self._coordinator, self._token, local_rank)
-        env.update(
-            COLLSVC_WORLD_SIZE="1",
-            COLLSVC_RANK="0",
-            # A stand-in job of its own for collsvc.init(); collsvc.elastic.run then joins the real one.
-            COLLSVC_JOB_ID=f"{self.spec.job_id}@newcomer-{secrets.token_hex(6)}",
-        )
-        env[JOIN_ENV] = self.spec.job_id
+        env.update(newcomer_env(self.spec.job_id))
         if self._report_dir is not None:
             env[REPORT_DIR_ENV] = self._report_dir
         process = subprocess.Popen(

@@ -19,7 +19,9 @@ arrived after the alive window) waits in the lobby like a newcomer. Newcomers ta
 lobby counter and wait until a plan admits them (``admitted/{ticket}``) or the job finishes.
 
 ``run`` is the hexadecimal incarnation of the generation-0 job, so a later job reusing the name on the
-same coordinator never reads this one's keys.
+same coordinator never reads this one's keys. Every member of generation 0 stores it under the key
+``run``: its presence tells a process restarted with its first environment that the job started
+(:func:`started`, used by ``python -m collsvc.elastic.rejoin``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ JOIN_ENV = "COLLSVC_ELASTIC_JOIN"  # set on a newcomer: the elastic job (generat
 TIMEOUT_ENV = "COLLSVC_ELASTIC_TIMEOUT"  # seconds one re-form attempt may take (default 10)
 DEFAULT_REFORM_TIMEOUT = 10.0
 _FINISHED = b"finished"
+_RUN_KEY = "run"  # the run id, set once generation 0 formed
 
 
 @dataclass
@@ -124,14 +127,14 @@ class Membership:
             base = joining
             control = _control_client(options, base)
             destroy()  # the stand-in job init() joined
-            run = control.get("run", options.timeout).decode()
+            run = control.get(_RUN_KEY, options.timeout).decode()
             membership = cls(options, base, run, control, index=None, has_state=False, reform_timeout=reform_timeout)
             return membership, membership.reform(set())
         base = options.job_id
         run = f"{comm._job.join.job_incarnation:x}"
         control = _control_client(options, base)
-        if comm.rank == 0:
-            control.set("run", run.encode())
+        # Every member says the job started (same value): a restarted member asks before it joins.
+        control.set(_RUN_KEY, run.encode())
         membership = cls(options, base, run, control, size=comm.size, index=comm.rank, reform_timeout=reform_timeout)
         return membership, comm
 
@@ -344,6 +347,28 @@ class Membership:
             generation = int(value)
             plan = Plan.decode(self.control.get(self._key(f"g{generation}/plan"), max(remaining, 0.001)))
             return generation, plan
+
+
+def started(options: InitOptions) -> bool:
+    """Whether the elastic job ``options.job_id`` already started on ``options.coordinator``.
+
+    A process restarted with the environment it first had (a Kubernetes Indexed Job's new pod for a
+    failed index) must then join as a newcomer: the members re-formed without it, and the generation
+    0 that its environment names is gone. Waits for the coordinator to answer, up to the join timeout.
+
+    Raises:
+        RendezvousError: the coordinator did not answer in time.
+        AuthenticationError: the coordinator refused the token.
+    """
+    control = _control_client(options, options.job_id)
+    request = coordinator_pb2.GetKeyRequest(job_id=control.job_id, key=_RUN_KEY, wait=False)
+    try:
+        reply = control._call(
+            "GetKey", request, "look up the elastic job", timeout=options.join_timeout or options.timeout, wait=True
+        )
+    finally:
+        control.close()
+    return bool(reply.found)
 
 
 def _control_client(options: InitOptions, base: str) -> CoordinatorClient:

@@ -11,6 +11,13 @@ escalation) and the resources (memory limit, CPU limit, CPU request as shares).
 NetworkPolicies are enforced with iptables in each pod's namespace: ingress to a selected pod is
 allowed from the pods its rules select, on the listed ports, and from the node (kubelet probes,
 ``kubectl port-forward``); everything else is rejected (a real CNI drops; rejecting fails faster).
+Like a CNI, the rules of every running pod are rewritten when a pod starts (a restarted pod has a new
+IP) or stops.
+
+The pod's ``restartPolicy`` is the app container's restart policy, as the kubelet applies it: the
+engine starts the container again when its process exits (``Always``) or fails (``OnFailure``), in the
+same pod (same IP, names and volumes). A pod that ends for good (:meth:`Cluster.terminate`) loses its
+network; its app container stays for its logs.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from tests.containers.engine import Engine, run
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 POD_DOMAIN = "svc.cluster.local"
+# The kubelet restarts a container in place; the engine's restart policies do the same.
+RESTART_POLICIES = {"Always": "always", "OnFailure": "on-failure", "Never": "no"}
 
 
 def expand(value: str, env: dict[str, str]) -> str:
@@ -99,6 +108,7 @@ class Cluster:
         self.workdir = workdir
         self.pods: dict[str, Pod] = {}
         self.containers: list[str] = []
+        self._sandboxes: dict[str, str] = {}  # running pods: name -> pid of the pause container
         namespace = next(d for d in docs if d["kind"] == "Namespace")
         self.namespace = namespace["metadata"]["name"]
         # Kubernetes labels every namespace with its name.
@@ -193,6 +203,25 @@ class Cluster:
         for pod in pods:
             self.pods[pod.name] = pod
 
+    def _enforce_policies(self) -> None:
+        """Rewrites every running pod's rules from the pods known now (``iptables-restore`` replaces the
+        pod's filter table in one step, as a CNI updates its rules when pods come and go)."""
+        for name, pid in self._sandboxes.items():
+            rules = self._policy_rules(self.pods[name])
+            if rules is None:
+                continue
+            table = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n"
+            table += "".join(" ".join(rule) + "\n" for rule in rules) + "COMMIT\n"
+            run(["nsenter", "-t", pid, "-n", "iptables-restore"], input=table)
+
+    def terminate(self, pod_name: str) -> None:
+        """Ends ``pod_name`` for good, as after its last container exited: its IP and DNS names go, the
+        other pods' rules forget it; the app container stays (exited) for :meth:`logs`."""
+        self.engine.docker("rm", "--force", f"{self.network}-{pod_name}-pause", check=False)
+        self._sandboxes.pop(pod_name, None)
+        self.pods.pop(pod_name, None)
+        self._enforce_policies()
+
     def start(self, pod: Pod, image_map: dict[str, str] | None = None) -> str:
         """Starts ``pod`` (one container: its spec must have exactly one); returns the app container's id."""
         self.pods[pod.name] = pod
@@ -207,12 +236,10 @@ class Cluster:
         argv += ["--read-only", "--cap-drop", "ALL", "--entrypoint", "sleep", image, "infinity"]
         self.engine.docker(*argv)
         self.containers.append(pause)
-        rules = self._policy_rules(pod)
-        if rules:
-            pid = self.engine.docker("inspect", "--format", "{{.State.Pid}}", pause).stdout.strip()
-            for rule in rules:
-                run(["nsenter", "-t", pid, "-n", "iptables", *rule])
+        self._sandboxes[pod.name] = self.engine.docker("inspect", "--format", "{{.State.Pid}}", pause).stdout.strip()
+        self._enforce_policies()
         argv = ["run", "-d", "--name", f"{self.network}-{pod.name}", "--network", f"container:{pause}"]
+        argv += ["--restart", RESTART_POLICIES[pod.spec.get("restartPolicy", "Always")]]
         if user:
             argv += ["--user", user]
         if "fsGroup" in security:
@@ -305,9 +332,17 @@ class Cluster:
         proc = self.engine.docker("wait", f"{self.network}-{pod_name}", timeout=timeout)
         return int(proc.stdout.strip())
 
-    def logs(self, pod_name: str) -> str:
-        proc = self.engine.docker("logs", f"{self.network}-{pod_name}", check=False)
+    def logs(self, pod_name: str, *, timestamps: bool = False) -> str:
+        """The app container's output (every run of it), each line prefixed with its time when asked."""
+        flags = ["--timestamps"] if timestamps else []
+        proc = self.engine.docker("logs", *flags, f"{self.network}-{pod_name}", check=False)
         return proc.stdout + proc.stderr
+
+    def app_state(self, pod_name: str, field: str) -> int:
+        """An integer of the app container's state: ``Pid`` (its process as the host sees it) or
+        ``RestartCount`` (how often its restart policy started it again)."""
+        path = "{{.RestartCount}}" if field == "RestartCount" else f"{{{{.State.{field}}}}}"
+        return int(self.engine.docker("inspect", "--format", path, f"{self.network}-{pod_name}").stdout.strip())
 
     def close(self) -> None:
         for name in reversed(self.containers):

@@ -29,13 +29,23 @@ DOCKER = ROOT / "docker"
 K8S = ROOT / "deploy" / "k8s"
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cuda"]
 COMPOSE_FILES = [DOCKER / "compose.yaml", DOCKER / "compose.multihost.yaml", DOCKER / "compose.gpu.yaml"]
-KUSTOMIZATIONS = {"base": K8S / "base", "gpu": K8S / "overlays" / "gpu", "large": K8S / "overlays" / "large"}
+KUSTOMIZATIONS = {
+    "base": K8S / "base",
+    "gpu": K8S / "overlays" / "gpu",
+    "large": K8S / "overlays" / "large",
+    "elastic": K8S / "overlays" / "elastic",
+}
+ELASTIC = {"elastic"}  # the kustomizations whose failed ranks are replaced instead of failing the Job
+# The oldest Kubernetes each kustomization supports, where newer than the oldest validated:
+# backoffLimitPerIndex is on by default from 1.29.
+OLDEST_KUBERNETES = {"elastic": "1.29.0"}
 TOOLS = Path(os.environ.get("COLLSVC_DEPLOY_TOOLS", Path.home() / ".cache" / "collsvc-deploy-tools"))
 
 COORDINATOR_PORT = 29400
 METRICS_PORT = 9464  # the coordinator's Prometheus /metrics (docs/observability.md)
 PEER_PORT = 29500
 WORKER_SCRIPT = "/app/examples/train_data_parallel.py"
+ELASTIC_WORKER = ["python", "-m", "collsvc.elastic.rejoin", "/app/examples/elastic_train.py"]
 # The environment a worker may be configured with (docs/deploy.md, collsvc/config.py).
 ALLOWED_COLLSVC_ENV = {
     "COLLSVC_COORDINATOR",
@@ -229,7 +239,7 @@ def kube_versions() -> tuple[str, str]:
 def test_kubernetes_validate_strict(name: str, which: str, tmp_path: Path) -> None:
     kv = need_tool("kubernetes-validate", "kubernetes-validate")
     oldest, newest = kube_versions()
-    version = oldest if which == "oldest" else newest
+    version = OLDEST_KUBERNETES.get(name, oldest) if which == "oldest" else newest
     manifest = tmp_path / f"{name}.yaml"
     manifest.write_text(_render(name))
     proc = run([kv, "--strict", "--quiet", "-k", version, str(manifest)])
@@ -255,7 +265,7 @@ def test_k8s_world_size_equals_completions_and_parallelism(name: str) -> None:
     assert spec["completions"] == spec["parallelism"] == world >= 1
 
 
-@pytest.mark.parametrize("name", list(KUSTOMIZATIONS))
+@pytest.mark.parametrize("name", sorted(set(KUSTOMIZATIONS) - ELASTIC))
 def test_k8s_job_fails_fast(name: str) -> None:
     job, pod, worker = _job_parts(rendered(name))
     spec = job["spec"]
@@ -279,8 +289,12 @@ def test_k8s_worker_wiring(name: str) -> None:
     assert env["COLLSVC_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     )
-    assert worker["command"] == ["python", WORKER_SCRIPT]
-    assert (ROOT / "examples" / Path(WORKER_SCRIPT).name).is_file()
+    if name in ELASTIC:
+        assert worker["command"] + worker["args"] == ELASTIC_WORKER
+    else:
+        assert worker["command"] == ["python", WORKER_SCRIPT] and "args" not in worker
+    script = (worker["command"] + worker.get("args", []))[-1]
+    assert (ROOT / "examples" / Path(script).name).is_file()
 
     # Coordinator address = the coordinator Service's name and port.
     coord_svc = one(docs, "Service", "collsvc-coordinator")
@@ -310,6 +324,9 @@ def test_k8s_coordinator(name: str) -> None:
     assert spec["replicas"] == 1
     assert spec["strategy"]["type"] == "Recreate"
     pod = spec["template"]["spec"]
+    # Restarted in place when it exits (same pod IP, same token), behind a Service name that never changes:
+    # members re-register with the restarted coordinator (tests/containers/test_k8s_pods.py kills it).
+    assert pod["restartPolicy"] == "Always"
     (c,) = pod["containers"]
     args = c["args"]
     assert args[:1] == ["coordinator"]
