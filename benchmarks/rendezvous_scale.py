@@ -5,10 +5,21 @@ processes, each process sharing a few channels among its clients (as many ranks 
 have their own channel, this is the coordinator-side cost that matters). Timing starts when every
 process has its channels connected and ends when the last rank passed the barrier.
 
+Besides the wall time, the coordinator process is measured from /proc: its CPU time (user + system,
+all threads) during the timed part, which is what the coordinator itself costs per rank whatever the
+clients cost, and its peak resident memory (VmHWM) against its resident memory before the first run.
+After each timed run every rank leaves (untimed), so the coordinator drops the job: the next run
+must fit in the memory the last one freed.
+
 Usage:
     python benchmarks/rendezvous_scale.py --ranks 1024 [--procs 2] [--channels 4] [--repeat 3]
+        [--profile coordinator.prof] [--bare-grpc]
 
-The last line printed is exactly ``ranks=N join+barrier seconds=S`` (the median over repeats).
+``--bare-grpc`` puts a grpc.aio server that does nothing but answer in the coordinator's place: the
+per-rank cost of gRPC itself, which no coordinator change can go below.
+
+The last line printed is ``ranks=N join+barrier seconds=S coordinator_cpu_s=C peak_rss_mib=M
+rss_bytes_per_rank=B`` (medians over repeats; the peak is over the whole invocation).
 """
 
 from __future__ import annotations
@@ -21,13 +32,31 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 TOKEN = "bench-token"
 JOIN_TIMEOUT_S = 120.0
+RESULT_TIMEOUT_S = 600.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _coordinator(port_queue: Any, stop_event: Any) -> None:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of every thread of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14 and 15)
+
+
+def memory_bytes(pid: int, name: str) -> int:
+    """A memory line of /proc/PID/status (``VmRSS``, ``VmHWM``: the peak of VmRSS) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(f"{name} missing from /proc/{pid}/status")
+
+
+def _coordinator(port_queue: Any, stop_event: Any, profile: str | None) -> None:
     from collsvc.server.app import serve
     from collsvc.types import CoordinatorOptions
 
@@ -41,17 +70,94 @@ def _coordinator(port_queue: Any, stop_event: Any) -> None:
         loop.run_in_executor(None, lambda: (stop_event.wait(), loop.call_soon_threadsafe(stop.set)))
         await serve(options, ready=port_queue.put, stop=stop)
 
+    if profile is None:
+        asyncio.run(main())
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.runcall(asyncio.run, main())
+    profiler.dump_stats(profile)
+
+
+def _bare_server(port_queue: Any, stop_event: Any, profile: str | None) -> None:
+    """The floor to compare with: a grpc.aio server whose Join only waits until its job is full and
+    whose Barrier and Leave answer at once (no token, no limits, no state), under the coordinator
+    daemon's gRPC and collector settings: what gRPC itself costs per rank on this machine."""
+    import gc
+
+    import grpc
+
+    from collsvc.proto.v1 import coordinator_pb2 as pb
+    from collsvc.server.app import SERVING_GC_THRESHOLD
+
+    async def main() -> None:
+        joined: dict[str, int] = {}
+        full: dict[str, asyncio.Event] = {}
+
+        async def join(request: Any, context: Any) -> Any:
+            rank = joined.get(request.job_id, 0)
+            joined[request.job_id] = rank + 1
+            event = full.setdefault(request.job_id, asyncio.Event())
+            if rank + 1 == request.world_size:
+                event.set()
+            await event.wait()
+            return pb.JoinResponse(rank=rank, world_size=request.world_size)
+
+        async def barrier(request: Any, context: Any) -> Any:
+            return pb.BarrierResponse(complete=True)
+
+        async def leave(request: Any, context: Any) -> Any:
+            return pb.LeaveResponse()
+
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                method,
+                request_deserializer=getattr(pb, f"{name}Request").FromString,
+                response_serializer=getattr(pb, f"{name}Response").SerializeToString,
+            )
+            for name, method in (("Join", join), ("Barrier", barrier), ("Leave", leave))
+        }
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_concurrent_streams", 1 << 20),
+                ("grpc.server.max_pending_requests", 1 << 17),
+                ("grpc.server.max_pending_requests_hard_limit", 1 << 18),
+                ("grpc.server_max_unrequested_time_in_server", 300),
+            ]
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("collsvc.proto.v1.Coordinator", handlers),)
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        port_queue.put(port)
+        await asyncio.get_running_loop().run_in_executor(None, stop_event.wait)
+        await server.stop(0)
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(SERVING_GC_THRESHOLD, 20, 20)
     asyncio.run(main())
 
 
-def _worker(address: str, job_id: str, ranks: int, world_size: int, channels: int, go: Any, results: Any) -> None:
+def _worker(
+    address: str, job_id: str, ranks: int, world_size: int, channels: int, go: Any, leave: Any, results: Any
+) -> None:
+    import gc
+
     import grpc
 
     from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
 
+    # One process stands in for thousands of ranks, each with a call waiting: the same collector
+    # tuning as the coordinator daemon's (collsvc.server.app.SERVING_GC_THRESHOLD), so that the
+    # simulated clients do not spend their CPU rescanning them. A real rank has a call or two.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
     metadata = (("authorization", f"Bearer {TOKEN}"),)
 
-    async def one(stub: Any, index: int) -> None:
+    async def one(stub: Any, index: int) -> Any:
         reply = await stub.Join(
             coordinator_pb2.JoinRequest(
                 job_id=job_id,
@@ -77,6 +183,11 @@ def _worker(address: str, job_id: str, ranks: int, world_size: int, channels: in
         )
         if not barrier.complete:
             raise RuntimeError(f"barrier incomplete: {barrier}")
+        return reply
+
+    async def depart(stub: Any, reply: Any) -> None:
+        request = coordinator_pb2.LeaveRequest(job_id=job_id, rank=reply.rank, member_secret=reply.member_secret)
+        await stub.Leave(request, metadata=metadata, timeout=JOIN_TIMEOUT_S)
 
     async def main() -> None:
         opened = [grpc.aio.insecure_channel(address) for _ in range(channels)]
@@ -84,11 +195,17 @@ def _worker(address: str, job_id: str, ranks: int, world_size: int, channels: in
             await channel.channel_ready()
         stubs = [coordinator_pb2_grpc.CoordinatorStub(c) for c in opened]
         results.put(("ready", 0.0))
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
-        await asyncio.gather(*(one(stubs[i % channels], i) for i in range(ranks)))
-        results.put(("done", time.monotonic()))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, go.wait)
+        cpu_at_go = time.process_time()
+        replies = await asyncio.gather(*(one(stubs[i % channels], i) for i in range(ranks)))
+        results.put(("done", (time.monotonic(), time.process_time() - cpu_at_go)))
+        # Untimed: every rank leaves, so the coordinator drops the job before the next run.
+        await loop.run_in_executor(None, leave.wait)
+        await asyncio.gather(*(depart(stubs[i % channels], r) for i, r in enumerate(replies)))
+        results.put(("left", 0.0))
         for channel in opened:
-            await channel.close()
+            await channel.close(None)
 
     try:
         asyncio.run(main())
@@ -96,32 +213,53 @@ def _worker(address: str, job_id: str, ranks: int, world_size: int, channels: in
         results.put(("error", repr(exc)))
 
 
-def run_once(address: str, job_id: str, world_size: int, procs: int, channels: int) -> float:
+@dataclass(frozen=True)
+class Run:
+    """One timed rendezvous: wall seconds, and the CPU seconds of the coordinator and of all the
+    client processes meanwhile."""
+
+    seconds: float
+    coordinator_cpu_s: float
+    clients_cpu_s: float
+
+
+def _collect(results: Any, count: int, expected: str, timeout: float) -> list[Any]:
+    values = []
+    for _ in range(count):
+        kind, value = results.get(timeout=timeout)
+        if kind != expected:
+            raise RuntimeError(f"worker failed: {value}")
+        values.append(value)
+    return values
+
+
+def run_once(address: str, job_id: str, world_size: int, procs: int, channels: int, coordinator_pid: int) -> Run:
     ctx = mp.get_context("spawn")
-    go, results = ctx.Event(), ctx.Queue()
+    go, leave, results = ctx.Event(), ctx.Event(), ctx.Queue()
     shares = [world_size // procs + (1 if i < world_size % procs else 0) for i in range(procs)]
     workers = [
-        ctx.Process(target=_worker, args=(address, job_id, n, world_size, channels, go, results), daemon=True)
+        ctx.Process(target=_worker, args=(address, job_id, n, world_size, channels, go, leave, results), daemon=True)
         for n in shares
         if n
     ]
     for w in workers:
         w.start()
-    for _ in workers:
-        kind, value = results.get(timeout=120)
-        if kind != "ready":
-            raise RuntimeError(f"worker failed: {value}")
-    start = time.monotonic()
-    go.set()
-    end = start
-    for _ in workers:
-        kind, value = results.get(timeout=JOIN_TIMEOUT_S + 30)
-        if kind != "done":
-            raise RuntimeError(f"worker failed: {value}")
-        end = max(end, value)
-    for w in workers:
-        w.join(timeout=10)
-    return end - start
+    try:
+        _collect(results, len(workers), "ready", 120.0)
+        cpu_before = cpu_seconds(coordinator_pid)
+        start = time.monotonic()
+        go.set()
+        done = _collect(results, len(workers), "done", RESULT_TIMEOUT_S)
+        cpu = cpu_seconds(coordinator_pid) - cpu_before
+        end = max([start, *(finished for finished, _ in done)])
+        leave.set()
+        _collect(results, len(workers), "left", RESULT_TIMEOUT_S)
+    finally:
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.terminate()
+    return Run(end - start, cpu, sum(client_cpu for _, client_cpu in done))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,25 +268,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
     parser.add_argument("--channels", type=int, default=4, help="channels per client process (default 4)")
     parser.add_argument("--repeat", type=int, default=1, help="runs (a new job id each); prints the median")
+    parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the coordinator's event loop here")
+    parser.add_argument(
+        "--bare-grpc",
+        action="store_true",
+        help="measure a bare grpc.aio server that only answers (the floor) instead of the coordinator "
+        "(--profile does not apply to it)",
+    )
     args = parser.parse_args(argv)
 
     ctx = mp.get_context("spawn")
     port_queue, stop_event = ctx.Queue(), ctx.Event()
-    coordinator = ctx.Process(target=_coordinator, args=(port_queue, stop_event), daemon=True)
+    serve = _bare_server if args.bare_grpc else _coordinator
+    coordinator = ctx.Process(target=serve, args=(port_queue, stop_event, args.profile), daemon=True)
     coordinator.start()
+    assert coordinator.pid is not None
+    runs: list[Run] = []
     try:
         address = f"127.0.0.1:{port_queue.get(timeout=60)}"
-        times = []
+        rss_before = memory_bytes(coordinator.pid, "VmRSS")
         for i in range(args.repeat):
-            seconds = run_once(address, f"bench-{i}", args.ranks, max(args.procs, 1), max(args.channels, 1))
-            print(f"run {i + 1}: {seconds:.3f} s", flush=True)
-            times.append(seconds)
+            run = run_once(
+                address, f"bench-{i}", args.ranks, max(args.procs, 1), max(args.channels, 1), coordinator.pid
+            )
+            print(
+                f"run {i + 1}: {run.seconds:.3f} s, coordinator CPU {run.coordinator_cpu_s:.3f} s "
+                f"({1e6 * run.coordinator_cpu_s / args.ranks:.0f} us per rank), clients' CPU "
+                f"{run.clients_cpu_s:.3f} s, "
+                f"coordinator RSS now {memory_bytes(coordinator.pid, 'VmRSS') / 2**20:.1f} MiB",
+                flush=True,
+            )
+            runs.append(run)
+        peak = memory_bytes(coordinator.pid, "VmHWM")
     finally:
         stop_event.set()
-        coordinator.join(timeout=10)
+        coordinator.join(timeout=30)
         if coordinator.is_alive():
             coordinator.terminate()
-    print(f"ranks={args.ranks} join+barrier seconds={statistics.median(times):.3f}")
+    per_rank = (peak - rss_before) / args.ranks
+    print(
+        f"coordinator peak RSS {peak / 2**20:.1f} MiB (before the first run {rss_before / 2**20:.1f} MiB): "
+        f"{per_rank:.0f} bytes per rank at the peak"
+    )
+    seconds = statistics.median(r.seconds for r in runs)
+    cpu = statistics.median(r.coordinator_cpu_s for r in runs)
+    print(
+        f"ranks={args.ranks} join+barrier seconds={seconds:.3f} coordinator_cpu_s={cpu:.3f} "
+        f"peak_rss_mib={peak / 2**20:.1f} rss_bytes_per_rank={per_rank:.0f}"
+    )
     return 0
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import ipaddress
 import logging
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -22,9 +23,8 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from collsvc.server.interceptors import TokenAuthInterceptor
 from collsvc.server.request_limits import RequestLimits
-from collsvc.server.services.coordinator import SERVICE, CoordinatorServicer, add_coordinator
+from collsvc.server.services.coordinator import DEFAULT_WAIT_S, SERVICE, CoordinatorServicer, add_coordinator
 from collsvc.server.services.hub import Hub
 from collsvc.types import CoordinatorOptions
 
@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "collsvc.proto.v1.Coordinator"
 DRAIN_GRACE_S = 2.0
+# The cyclic garbage collector's first-generation threshold while a coordinator daemon serves (Python's
+# default is 700). Each waiting call holds dozens of tracked objects, which the collector rescans
+# again and again as a rendezvous burst allocates: 16,384 ranks joining, passing a barrier and
+# leaving kept the collector busy for 11.1 s with the defaults, 1.4 s with this (measured with
+# benchmarks/rendezvous_scale.py). Calls free their objects by reference counting; cyclic garbage
+# still goes within a million allocations.
+SERVING_GC_THRESHOLD = 50_000
 
 
 def is_loopback(host: str) -> bool:
@@ -111,8 +118,8 @@ async def build_server(
     # (the status of every job), and only trusted code makes them.
     max_request = RequestLimits(options.limits).max_receive_bytes(SERVICE)
     max_reply = max(options.limits.max_message_bytes, max_request)
+    backlog = max(1 << 16, 2 * options.limits.max_world_size)
     server = grpc.aio.server(
-        interceptors=[TokenAuthInterceptor(options.token)] if options.token else None,
         options=[
             ("grpc.so_reuseport", 0),  # a second coordinator on a used port must fail, not share it
             ("grpc.max_receive_message_length", max_request),
@@ -126,9 +133,13 @@ async def build_server(
             ("grpc.max_concurrent_streams", 1 << 20),
             # Thousands of ranks join at once. gRPC core cancels (status CANCELLED) calls that arrive
             # while 1000 (soft) / 3000 (hard) are queued before the application took them, which a
-            # rendezvous burst of ~1800 calls already hits (benchmarks/rendezvous_scale.py).
-            ("grpc.server.max_pending_requests", 1 << 16),
-            ("grpc.server.max_pending_requests_hard_limit", 1 << 17),
+            # rendezvous burst of ~1800 calls already hits (benchmarks/rendezvous_scale.py): room for
+            # the Joins and Barriers of the largest job, twice.
+            ("grpc.server.max_pending_requests", backlog),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * backlog),
+            # It also cancels a call that waited 30 s before the application took it, as the tail of
+            # a 65,536-rank burst does on a busy machine; such a call still ends at its own deadline.
+            ("grpc.server_max_unrequested_time_in_server", int(DEFAULT_WAIT_S)),
             # Silent partitions: members ping (HTTP/2 keepalive) to find a dead path within a few heartbeat
             # intervals. gRPC's default policy answers pings more often than every 5 minutes without data
             # with GOAWAY "too_many_pings"; accept them. The coordinator pings its members too, to close
@@ -140,7 +151,7 @@ async def build_server(
             ("grpc.keepalive_timeout_ms", int(2 * options.heartbeat_timeout * 1000)),
         ],
     )
-    add_coordinator(server, CoordinatorServicer(hub))
+    add_coordinator(server, CoordinatorServicer(hub), token=options.token)
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]  # the asyncio servicer
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -199,6 +210,21 @@ async def _monitor(server: grpc.aio.Server, hub: Hub, metrics: MetricsEndpoint |
             metrics.stop()
 
 
+@contextlib.contextmanager
+def _collector_tuned_for_serving() -> Iterator[None]:
+    """Freezes what start-up allocated (the collector never rescans it) and raises the collector's
+    thresholds; restores both afterwards. Only for a process that exists to serve (see :func:`serve`)."""
+    previous = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(SERVING_GC_THRESHOLD, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
+        gc.unfreeze()
+
+
 async def serve(
     options: CoordinatorOptions,
     *,
@@ -207,6 +233,10 @@ async def serve(
     metrics_ready: Callable[[int], None] | None = None,
 ) -> None:
     """Runs a coordinator until ``stop`` is set or SIGTERM/SIGINT arrives, then drains.
+
+    In the main thread (a coordinator daemon) it also handles the signals and tunes the garbage
+    collector for thousands of waiting calls (:data:`SERVING_GC_THRESHOLD`); a coordinator embedded
+    in another program's thread (:class:`CoordinatorThread`) leaves both to that program.
 
     Args:
         options: where and how to serve.
@@ -221,24 +251,26 @@ async def serve(
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
-    if threading.current_thread() is threading.main_thread():
+    daemon = threading.current_thread() is threading.main_thread()
+    if daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, stop.set)
                 handled.append(sig)
             except (NotImplementedError, RuntimeError):  # pragma: no cover - platforms without it
                 pass
-    await server.start()
-    log.info("coordinator listening on %s", _address(options.host, port))
-    try:
-        if ready is not None:
-            ready(port)
-        await stop.wait()
-    finally:
-        for sig in handled:
-            loop.remove_signal_handler(sig)
-        log.info("coordinator on port %d stopping (grace %.1fs)", port, DRAIN_GRACE_S)
-        await server.stop(grace=DRAIN_GRACE_S)
+    with _collector_tuned_for_serving() if daemon else contextlib.nullcontext():
+        await server.start()
+        log.info("coordinator listening on %s", _address(options.host, port))
+        try:
+            if ready is not None:
+                ready(port)
+            await stop.wait()
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+            log.info("coordinator on port %d stopping (grace %.1fs)", port, DRAIN_GRACE_S)
+            await server.stop(grace=DRAIN_GRACE_S)
 
 
 class CoordinatorThread:

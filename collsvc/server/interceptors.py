@@ -1,6 +1,6 @@
 """The two choke points every Coordinator call passes: the token check and the error translation.
 
-- :class:`TokenAuthInterceptor` compares ``authorization: Bearer <token>`` in constant time before the
+- :class:`TokenCheckedHandlers` compares ``authorization: Bearer <token>`` in constant time before the
   request body is deserialized: a refused call is answered by a handler without a deserializer.
 - :func:`translate_errors` turns what the state classes raise into a gRPC status plus the
   ``collsvc-error-reason`` / ``collsvc-error-details`` trailing metadata that
@@ -34,7 +34,6 @@ from collsvc.server.state.common import NotFoundError
 
 log = logging.getLogger(__name__)
 
-COORDINATOR_PREFIX = "/collsvc.proto.v1.Coordinator/"
 UNAUTHENTICATED_MESSAGE = "authentication failed: missing or wrong token (expected 'authorization: Bearer <token>')"
 
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -97,7 +96,7 @@ def checked_parse(message_cls: Any, data: bytes, limits: RequestLimits | None) -
     if limits is not None:
         limits.check_size(message_cls.DESCRIPTOR, len(data))  # before parsing: no copy of a refused body
     message = message_cls.FromString(data)
-    if limits is not None:
+    if limits is not None and limits.may_exceed(len(data)):
         limits.check_fields(message)
     return message
 
@@ -178,21 +177,29 @@ def _deny_handler(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHan
 
 
 if TYPE_CHECKING:
-    _InterceptorBase = grpc.aio.ServerInterceptor[Any, Any]
+    _HandlersBase = grpc.GenericRpcHandler[Any, Any]
 else:  # the runtime class is not generic
-    _InterceptorBase = grpc.aio.ServerInterceptor
+    _HandlersBase = grpc.GenericRpcHandler
 
 
-class TokenAuthInterceptor(_InterceptorBase):
-    """Requires ``authorization: Bearer <token>`` on every Coordinator call.
+class TokenCheckedHandlers(_HandlersBase):
+    """Wraps the Coordinator's method handlers: a call without ``authorization: Bearer <token>`` gets
+    a handler that refuses it (UNAUTHENTICATED) without parsing its body.
 
-    Other services (the standard health service) pass unchecked, so load balancers and
-    ``collsvc health`` can probe without the secret.
+    The check runs where gRPC looks up the handler for a new call, synchronously: an asyncio server
+    interceptor would cost a coroutine chain per call (measured: 20-40 us of the coordinator's CPU
+    per call, about a tenth of a rendezvous). Other services (the standard health service) are
+    registered beside this one, unwrapped, so load balancers and ``collsvc health`` can probe
+    without the secret.
+
+    Args:
+        handlers: the Coordinator's generic handler.
+        token: the shared secret every call must present.
     """
 
-    def __init__(self, token: str, *, protected_prefix: str = COORDINATOR_PREFIX) -> None:
+    def __init__(self, handlers: grpc.GenericRpcHandler[Any, Any], token: str) -> None:
+        self._handlers = handlers
         self._expected = f"Bearer {token}".encode()
-        self._prefix = protected_prefix
 
     def _authorized(self, metadata: Any) -> bool:
         presented = b""
@@ -203,15 +210,9 @@ class TokenAuthInterceptor(_InterceptorBase):
         # Compare even when nothing was presented, so timing says nothing about the token.
         return hmac.compare_digest(presented, self._expected) and bool(presented)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.startswith(self._prefix):
-            return handler
-        if self._authorized(handler_call_details.invocation_metadata):
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = self._handlers.service(handler_call_details)
+        if handler is None or self._authorized(handler_call_details.invocation_metadata):
             return handler
         log.warning("refused %s: missing or wrong token", handler_call_details.method)
         return _deny_handler(handler)

@@ -56,6 +56,15 @@ class RequestLimits:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._budgets: dict[str, int] = {}
+        # No field of a message this small can be over its limit: a text field takes more bytes than
+        # its length, a list of ranks at least one byte per rank.
+        bounds = [*_FIELD_LIMITS.values(), _NAME_LIMIT, *(_COUNT_LIMITS[f] for f in _REFUSED_WHEN_LONGER)]
+        self._always_fits = min(int(getattr(limits, name)) for name in bounds)
+
+    def may_exceed(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes could hold a field over its limit (else
+        :meth:`check_fields` has nothing to find, and the Join or Barrier of every rank skips it)."""
+        return size > self._always_fits
 
     def _limit(self, field: FieldDescriptor) -> tuple[str, int]:
         name = _FIELD_LIMITS.get(field.name, _NAME_LIMIT)

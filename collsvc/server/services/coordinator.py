@@ -15,7 +15,13 @@ import grpc
 
 from collsvc.errors import RendezvousError
 from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
-from collsvc.server.interceptors import Context, lenient_deserializer, stream_deserializer, translate_errors
+from collsvc.server.interceptors import (
+    Context,
+    TokenCheckedHandlers,
+    lenient_deserializer,
+    stream_deserializer,
+    translate_errors,
+)
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.convert import (
     job_status,
@@ -35,6 +41,10 @@ SERVICE = pb.DESCRIPTOR.services_by_name["Coordinator"]
 
 # Used when a request carries no timeout; the call's own deadline still applies.
 DEFAULT_WAIT_S = 300.0
+# Ranks named in one error message at most (the rest are counted).
+MAX_RANKS_NAMED = 64
+# Every member passing a barrier gets the same answer: serialized once, not once per member.
+BARRIER_PASSED = pb.BarrierResponse(complete=True).SerializeToString()
 
 
 def _wait_seconds(timeout_s: float, context: Context) -> float:
@@ -44,6 +54,14 @@ def _wait_seconds(timeout_s: float, context: Context) -> float:
     if remaining is not None:
         wait = min(wait, max(remaining, 0.0))
     return wait
+
+
+def rank_list(ranks: list[int], limit: int = MAX_RANKS_NAMED) -> str:
+    """``ranks`` as ``[1, 5]``, or its first ``limit`` entries and how many there are in all: an error
+    travels in the call's trailing metadata, which gRPC caps at a few KiB."""
+    if len(ranks) <= limit:
+        return str(ranks)
+    return f"[{', '.join(map(str, ranks[:limit]))}, ...] ({len(ranks)} ranks)"
 
 
 def client_address(peer: str) -> str:
@@ -111,7 +129,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
             rt.on_complete()
         wait = _wait_seconds(request.timeout_s, context)
         try:
-            completed = await wait_event(rt.joined, wait)
+            completed = await rt.joined.wait(wait)
         except BaseException:  # the caller went away: its place is free again
             if job.cancel_join(member):
                 self.hub.drop_if_finished(rt)
@@ -122,9 +140,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
                 self.hub.drop_if_finished(rt)
             raise RendezvousError(
                 f"job {job.job_id!r}: only {joined} of {request.world_size} members joined within {wait:.3g}s"
-                + (f"; ranks that never joined: {missing}" if missing else "")
+                + (f"; ranks that never joined: {rank_list(missing)}" if missing else "")
             )
-        return rt.join_replies[member.rank]
+        return rt.join_reply(member)
 
     @translate_errors
     async def GetMembers(self, request: Any, context: Context) -> bytes:
@@ -136,33 +154,30 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     @translate_errors
     async def Barrier(self, request: Any, context: Context) -> Any:
         rt, _ = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
-        await usable(rt, request.timeout_s, context)
+        if not rt.usable.is_set():
+            await usable(rt, request.timeout_s, context)
         job, group, generation = rt.job, request.group or "world", request.generation
         key = (group, generation)
         if job.barrier_arrive(group, generation, request.rank):
             rt.complete_barrier(key)
             job.record_barrier_wait(group, 0.0)  # the last to arrive waits for nobody
-            return pb.BarrierResponse(complete=True)
-        arrived = asyncio.get_running_loop().time()
+            return BARRIER_PASSED
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
         deadline = arrived + _wait_seconds(request.timeout_s, context)
         while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            woken = await wait_event(rt.barrier_event(key), remaining)
+            remaining = deadline - loop.time()
+            woken = await rt.barrier_event(key).wait(remaining)
             # Woken by a failure, leave or abort: raise it (a member that left after arriving here left
-            # because this barrier failed for it: the others time out naming who never arrived).
-            members = job.group_ranks(group)
-            job.check_healthy(group, excused=set(members) - set(job.barriers.missing(group, generation, members)))
+            # because this barrier failed for it: the others time out naming who never arrived). Only
+            # the members that left are looked at, so waking n waiters costs O(n), not O(n^2).
+            job.check_healthy(group, excused=job.barriers.arrived_among(group, generation, job.left_ranks))
             if job.barriers.is_complete(group, generation):
-                job.record_barrier_wait(group, asyncio.get_running_loop().time() - arrived)
-                return pb.BarrierResponse(complete=True)
+                job.record_barrier_wait(group, loop.time() - arrived)
+                return BARRIER_PASSED
             if not woken or remaining <= 0:
                 job.count_failure("barrier_timeout")
-                waiting = job.barrier_waiting_on(group, generation)
-                log.warning(
-                    "job %s group %s rank %d: barrier #%d timed out waiting on ranks %s",
-                    job.job_id, group, request.rank, generation, [w.rank for w in waiting],
-                )  # fmt: skip
-                return pb.BarrierResponse(complete=False, waiting_on=waiting_protos(waiting))
+                return pb.BarrierResponse(complete=False, waiting_on=waiting_protos(rt.barrier_waiting_on(key)))
 
     # -------------------------------------------------------------------------------- key/value
 
@@ -287,11 +302,17 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         return pb.ReregisterResponse(recovering=rt.job.recovering)
 
 
-def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> None:
-    """Registers ``servicer``, with GetMembers answering pre-serialized bytes (built once per job).
+# Methods that may answer with bytes serialized ahead of time.
+_PRESERIALIZED = frozenset({"GetMembers", "Barrier"})
+
+
+def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer, *, token: str | None = None) -> None:
+    """Registers ``servicer``; GetMembers and Barrier may answer with bytes serialized ahead of time
+    (the member table once per change, the passed barrier once).
 
     Every request is checked against the hub's limits as it is deserialized (size first, then each
-    field; see :mod:`collsvc.server.request_limits`).
+    field; see :mod:`collsvc.server.request_limits`). With ``token``, every call must present it
+    (:class:`~collsvc.server.interceptors.TokenCheckedHandlers`) before its body is parsed.
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     limits = RequestLimits(servicer.hub.options.limits)
@@ -300,7 +321,7 @@ def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> N
         response_cls = getattr(pb, method.output_type.name)
         behavior = getattr(servicer, method.name)
         serialize = response_cls.SerializeToString
-        if method.name == "GetMembers":
+        if method.name in _PRESERIALIZED:
             serialize = _bytes_or_message
         if method.client_streaming and method.server_streaming:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
@@ -310,7 +331,8 @@ def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer) -> N
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 behavior, request_deserializer=lenient_deserializer(request_cls, limits), response_serializer=serialize
             )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("collsvc.proto.v1.Coordinator", handlers),))
+    generic = grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+    server.add_generic_rpc_handlers((TokenCheckedHandlers(generic, token) if token else generic,))
 
 
 def _bytes_or_message(reply: Any) -> bytes:

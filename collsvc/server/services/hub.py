@@ -1,8 +1,8 @@
 """The coordinator's live side: per-job asyncio primitives, event fan-out and the heartbeat monitor.
 
-The state classes decide; the hub wakes whoever waits on a decision (one ``asyncio.Event`` per join,
-barrier or key, set once) and pushes job events to every member's Watch stream. Everything here runs
-on the server's event loop, so no locks are needed.
+The state classes decide; the hub wakes whoever waits on a decision (one :class:`Broadcast` per
+join, barrier or key, set once, waking all its waiters in one pass) and pushes job events to every
+member's Watch stream. Everything here runs on the server's event loop, so no locks are needed.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any
 
 from collsvc.errors import AuthenticationError
 from collsvc.proto.v1 import coordinator_pb2
+from collsvc.server.services.broadcast import Broadcast
 from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.state.barriers import BarrierKey
-from collsvc.server.state.common import Clock, Member
+from collsvc.server.state.common import Clock, Member, WaitingInfo
 from collsvc.server.state.credentials import MemberSecrets, member_key
 from collsvc.server.state.jobs import BAD_CREDENTIALS, Job
 from collsvc.server.state.joins import JoinQuota
@@ -29,6 +30,9 @@ from collsvc.types import CoordinatorOptions
 
 log = logging.getLogger(__name__)
 Events = coordinator_pb2.EventKind
+# How old the report of who a timed-out barrier waits for may be (members' progress comes with their
+# heartbeats, about this often).
+WAITING_REPORT_MAX_AGE_S = 1.0
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:
@@ -55,10 +59,9 @@ class JobRuntime:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.joined = asyncio.Event()
-        self.join_replies: list[Any] = []  # by rank, built once when the job completes
-        self.barrier_events: dict[BarrierKey, asyncio.Event] = {}
-        self.key_events: dict[str, asyncio.Event] = {}
+        self.joined = Broadcast()  # set once every member joined (ranks assigned)
+        self.barrier_events: dict[BarrierKey, Broadcast] = {}
+        self.key_events: dict[str, Broadcast] = {}
         self._key_waiters: dict[str, int] = {}
         self.streams: dict[int, Stream] = {}
         # Set while the job is usable; clear while a rebuilt job waits for its members to re-register.
@@ -67,6 +70,8 @@ class JobRuntime:
             self.usable.set()
         self.events: list[Any] = []  # every numbered Watch event, replayed to a stream that missed some
         self._members_cache: tuple[int, bytes] | None = None
+        # (group, generation) -> (arrivals then, when, the timed-out reply's waiting list).
+        self._barrier_waiting: dict[BarrierKey, tuple[int, float, list[WaitingInfo]]] = {}
 
     def members_bytes(self) -> bytes:
         """The serialized member table, rebuilt only when a member's state changed."""
@@ -75,13 +80,20 @@ class JobRuntime:
             cache = self._members_cache = (self.job.version, members_reply_bytes(self.job))
         return cache[1]
 
-    def barrier_event(self, key: BarrierKey) -> asyncio.Event:
+    def join_reply(self, member: Member) -> Any:
+        """The JoinResponse for ``member`` of the complete job."""
+        return join_reply(self.job, member)
+
+    def barrier_event(self, key: BarrierKey) -> Broadcast:
+        """The signal of barrier ``key``: set when it completes, or when a failure wakes every barrier."""
         event = self.barrier_events.get(key)
         if event is None:
-            event = self.barrier_events[key] = asyncio.Event()
+            event = self.barrier_events[key] = Broadcast()
         return event
 
     def complete_barrier(self, key: BarrierKey) -> None:
+        """Wakes every waiter of barrier ``key`` in one pass (it just completed)."""
+        self._barrier_waiting.pop(key, None)
         event = self.barrier_events.pop(key, None)
         if event is not None:
             event.set()
@@ -92,14 +104,35 @@ class JobRuntime:
         for event in events.values():
             event.set()
 
+    def barrier_waiting_on(self, key: BarrierKey) -> list[WaitingInfo]:
+        """Who barrier ``key`` still waits for, with their progress as of at most
+        :data:`WAITING_REPORT_MAX_AGE_S` ago, computed again when someone arrives.
+
+        Every waiter of a barrier that times out reports the same list; without the cache each of
+        n waiters would scan the n members of the group (and log it).
+        """
+        group, generation = key
+        arrivals = self.job.barriers.arrivals(group, generation)
+        now = time.monotonic()
+        cached = self._barrier_waiting.get(key)
+        if cached is not None and cached[0] == arrivals and now - cached[1] < WAITING_REPORT_MAX_AGE_S:
+            return cached[2]
+        waiting = self.job.barrier_waiting_on(group, generation)
+        self._barrier_waiting[key] = (arrivals, now, waiting)
+        log.warning(
+            "job %s group %s: barrier #%d timed out waiting on ranks %s",
+            self.job.job_id, group, generation, [w.rank for w in waiting],
+        )  # fmt: skip
+        return waiting
+
     async def wait_for_key(self, key: str, seconds: float) -> bool:
         """Waits up to ``seconds`` for the next write of ``key``; returns whether one happened."""
         event = self.key_events.get(key)
         if event is None:
-            event = self.key_events[key] = asyncio.Event()
+            event = self.key_events[key] = Broadcast()
         self._key_waiters[key] = self._key_waiters.get(key, 0) + 1
         try:
-            return await wait_event(event, seconds)
+            return await event.wait(seconds)
         finally:
             # Forget the event once its last waiter gave up, so never-set keys do not pile up.
             remaining = self._key_waiters.pop(key) - 1
@@ -114,8 +147,7 @@ class JobRuntime:
             event.set()
 
     def on_complete(self) -> None:
-        """Builds every member's join reply once and wakes all joiners with one event."""
-        self.join_replies = [join_reply(self.job, m) for m in self.job.members]
+        """Wakes every waiting joiner in one pass (each builds its own reply as it resumes)."""
         self.joined.set()
 
     def send(self, event: Any, *, exclude: Collection[int] = ()) -> None:

@@ -11,7 +11,7 @@ series, so the completion of a high internal generation never answers a user bar
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 BarrierKey = tuple[str, int]
 SERIES_SHIFT = 20
@@ -79,6 +79,21 @@ class BarrierBook:
             return []
         arrived = self._arrived.get((group, generation), set())
         return [r for r in ranks if r not in arrived]
+
+    def arrivals(self, group: str, generation: int) -> int:
+        """How many members are recorded at the open barrier ``(group, generation)`` (0 once complete)."""
+        arrived = self._arrived.get((group, generation))
+        return 0 if arrived is None else len(arrived)
+
+    def arrived_among(self, group: str, generation: int, ranks: Iterable[int]) -> list[int]:
+        """Those of ``ranks`` that arrived at ``(group, generation)`` (all of them once it completed).
+
+        O(len(ranks)): callers pass a few ranks (those that left), never the whole group.
+        """
+        if self.is_complete(group, generation):
+            return list(ranks)
+        arrived = self._arrived.get((group, generation), set())
+        return [r for r in ranks if r in arrived]
 
     def pending(self) -> list[BarrierKey]:
         """The barriers someone is waiting in."""

@@ -51,6 +51,7 @@ class Roster:
         self._by_key: dict[str, Member] = {}  # by idempotency key, kept after completion for retries
         self._calls: dict[int, int] = {}  # arrival -> Join calls waiting for that member
         self._arrivals = 0
+        self._not_joined: tuple[int, list[int] | None] | None = None  # (arrivals then, the answer)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -65,10 +66,20 @@ class Roster:
         return list(self._pending.values())
 
     def not_joined(self) -> list[int] | None:
-        """The ranks no waiting member asked for; None when unknown (some member lets us assign)."""
-        if self.world_size is None or any(m.requested_rank is None for m in self._pending.values()):
-            return None
-        return [rank for rank in range(self.world_size) if rank not in self._requested]
+        """The ranks no waiting member asked for; None when unknown (some member lets us assign).
+
+        Computed once per admission: when a large job times out, each of its n waiters asks and then
+        withdraws, and a scan of the world per waiter would cost O(n^2). A member that withdrew since
+        the last admission did join, so it is not named.
+        """
+        cached = self._not_joined
+        if cached is not None and cached[0] == self._arrivals:
+            return cached[1]
+        missing: list[int] | None = None
+        if self.world_size is not None and all(m.requested_rank is not None for m in self._pending.values()):
+            missing = [rank for rank in range(self.world_size) if rank not in self._requested]
+        self._not_joined = (self._arrivals, missing)
+        return missing
 
     def retry_of(self, request: JoinRequest) -> Member | None:
         """The member an earlier Join with the same idempotency key made (and counts this call), or None."""
