@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="start N local ranks of a script (with an embedded coordinator unless --coordinator)",
         description="Start N ranks of a Python script on this host. Each output line is prefixed with "
         "'[rank R] '. When one rank fails the others are stopped (SIGTERM, then SIGKILL after --grace) "
-        "and run exits with that rank's exit code (128+N when killed by signal N) after one summary line.",
+        "and run exits with that rank's exit code (128+N when killed by signal N) after one summary line. "
+        "Several ranks share this host's cores: unless OMP_NUM_THREADS is set, each gets OMP_NUM_THREADS = "
+        "cores / ranks (at least 1), which sizes numpy's and torch's thread pools.",
     )
     run.add_argument(
         "-n",

@@ -28,7 +28,9 @@ that only sends then learns of a mismatch at its next call instead),
 ``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE`` (``1`` lets object collectives unpickle in a job with neither
 token nor TLS; refused by default),
 ``COLLSVC_TIMELINE`` (the merged timeline file; each rank writes its part next to it, see
-``collsvc/observability/timeline.py``).
+``collsvc/observability/timeline.py``),
+``COLLSVC_COORDINATOR_READY_FD`` (set by ``collsvc run``: a pipe that closes once its embedded
+coordinator listens, see :func:`coordinator_ready_fd`).
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from collsvc.types import InitOptions, TlsFiles
+if TYPE_CHECKING:  # imported where used: the launcher reads its settings here before numpy is loaded
+    from collsvc.types import InitOptions, TlsFiles
 
 COORDINATOR_VARS = ("COLLSVC_COORDINATOR", "MASTER_ADDR+MASTER_PORT")
 WORLD_SIZE_VARS = ("COLLSVC_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE")
@@ -54,6 +59,7 @@ RANK_VARS = (
 )
 LOCAL_RANK_VARS = ("COLLSVC_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 
+COORDINATOR_READY_ENV = "COLLSVC_COORDINATOR_READY_FD"
 DEFAULT_PORT = 29400
 DEFAULT_DUMP_KEEP = 32  # a few failed jobs' worth of per-rank dumps on one host
 
@@ -112,6 +118,8 @@ def tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
     Raises:
         ValueError: only some of the three are set.
     """
+    from collsvc.types import TlsFiles
+
     names = ("COLLSVC_TLS_CERT", "COLLSVC_TLS_KEY", "COLLSVC_TLS_CA")
     values = [env.get(n, "") for n in names]
     if not any(values):
@@ -182,6 +190,8 @@ def resolve_init(
         ValueError: no coordinator or world size can be found (the message names the variables to set),
             a variable is not an integer, or a value is out of range.
     """
+    from collsvc.types import InitOptions
+
     env = os.environ if env is None else env
     coordinator = coordinator or coordinator_from_env(env)
     if not coordinator:
@@ -230,6 +240,50 @@ def resolve_init(
         hierarchical=_choice(env, "COLLSVC_HIERARCHICAL", ("auto", "always", "never")),
         join_timeout=join_timeout,
     )
+
+
+def thread_defaults(env: Mapping[str, str], local_ranks: int) -> dict[str, str]:
+    """Thread-pool sizes for ``local_ranks`` ranks sharing this host's cores, where ``env`` sets none.
+
+    Every numpy import starts an OpenBLAS thread per core and torch an OpenMP thread per core; N
+    ranks on one host would then run N times as many threads as there are cores, which slows their
+    start (numpy's pool alone costs ~90 ms of CPU per rank) and their math. Like torchrun, a launcher
+    of several local ranks sets ``OMP_NUM_THREADS`` unless the user did: to the cores this process
+    may run on divided among the ranks (at least 1). OpenBLAS reads ``OMP_NUM_THREADS`` too, unless
+    ``OPENBLAS_NUM_THREADS`` is set.
+
+    Args:
+        env: the environment the ranks inherit.
+        local_ranks: how many ranks the launcher starts on this host.
+
+    Returns:
+        The variables to add (empty for a single rank, or when ``OMP_NUM_THREADS`` is set).
+    """
+    if local_ranks <= 1 or env.get("OMP_NUM_THREADS"):
+        return {}
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return {"OMP_NUM_THREADS": str(max(1, cores // local_ranks))}
+
+
+def coordinator_ready_fd(env: Mapping[str, str] | None = None) -> int | None:
+    """The pipe ``collsvc run`` closes once its embedded coordinator listens, or None.
+
+    ``collsvc run`` starts its ranks while its coordinator starts, and passes each the read end of a
+    pipe, named ``FD:INODE`` in ``COLLSVC_COORDINATOR_READY_FD``. None when the variable is unset, or
+    when that descriptor is no longer that pipe: already used by an earlier ``init``, or not inherited
+    by a child process (the inode tells a reused descriptor number apart).
+    """
+    env = os.environ if env is None else env
+    fd_text, _, inode_text = env.get(COORDINATOR_READY_ENV, "").partition(":")
+    try:
+        fd, inode = int(fd_text), int(inode_text)
+        found = os.fstat(fd)
+    except (ValueError, OSError):
+        return None
+    return fd if stat.S_ISFIFO(found.st_mode) and found.st_ino == inode else None
 
 
 def timeline_target(env: Mapping[str, str] | None = None) -> str | None:

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from collsvc.errors import CollectiveTimeoutError, CollsvcError, RankFailedError
-
 REPORT_DIR_ENV = "COLLSVC_REPORT_DIR"
 DEBUG_ENV = "COLLSVC_DEBUG"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -29,6 +27,9 @@ _installed = False
 
 def blamed(error: BaseException) -> list[dict[str, Any]]:
     """The ranks ``error`` names as the cause (``{"rank": R, "host": H}``); empty when it names none."""
+    # Imported here: the launcher imports this module before it starts its ranks, and gRPC is slow to load.
+    from collsvc.errors import CollectiveTimeoutError, RankFailedError
+
     if isinstance(error, RankFailedError):
         hosts = list(error.hosts) + [""] * (len(error.ranks) - len(error.hosts))
         return [{"rank": int(r), "host": h} for r, h in zip(error.ranks, hosts, strict=False)]
@@ -69,6 +70,8 @@ def write_report(error: BaseException, rank: int | None = None, environ: Mapping
 
 
 def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    from collsvc.errors import CollsvcError  # loaded already: install() runs when a rank joins
+
     if isinstance(error, CollsvcError):
         write_report(error)
         if os.environ.get(DEBUG_ENV, "") not in ("1", "true", "yes"):

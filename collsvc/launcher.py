@@ -1,8 +1,8 @@
 """``collsvc run``: start N local ranks of a script, copy their output, stop them all at the first failure.
 
-With no ``coordinator`` the launcher serves an embedded coordinator on ``127.0.0.1`` (port 0, a fresh
-random token) in a thread of its own process; otherwise the ranks join the given one (multi-node: one
-launcher per node, each with its ``node_rank``).
+With no ``coordinator`` the launcher serves an embedded coordinator (``_embedded_coordinator``) on a free
+port of ``127.0.0.1`` with a fresh random token, in a thread of its own process, started while the ranks
+start; otherwise the ranks join the given one (multi-node: one launcher per node, each its ``node_rank``).
 
 Each rank runs in its own session (process group), so stopping a rank also stops the processes it
 started. When the first rank exits non-zero or is killed, every other rank gets SIGTERM, then SIGKILL
@@ -29,8 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
+from collsvc._embedded_coordinator import EmbeddedCoordinator
 from collsvc._output import LinePump, write_line
 from collsvc._parent_watch import wrap_command
+from collsvc.config import COORDINATOR_READY_ENV, thread_defaults
 from collsvc.failure_report import REPORT_DIR_ENV, failure_summary, read_reports
 
 EXIT_TIMEOUT = 124  # like coreutils timeout(1)
@@ -112,6 +114,7 @@ def rank_env(
 ) -> dict[str, str]:
     """The environment of local rank ``local_rank``: ``base`` plus the ``COLLSVC_*`` variables init reads."""
     env = dict(base)
+    env.update(thread_defaults(base, spec.nproc))
     env.update(
         COLLSVC_COORDINATOR=coordinator,
         COLLSVC_WORLD_SIZE=str(spec.nnodes * spec.nproc),
@@ -125,9 +128,8 @@ def rank_env(
         env["COLLSVC_TOKEN"] = token
     else:
         env.pop("COLLSVC_TOKEN", None)
-    # Ranks must import the same collsvc as the launcher, also when it runs from a source tree that is
-    # only on the launcher's path (python -m collsvc from the checkout). Never for site-packages: that
-    # would move it before the standard library.
+    # Ranks must import the launcher's collsvc, also from a source tree only on the launcher's path
+    # (python -m collsvc in a checkout); never for site-packages, which would precede the standard library.
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
         parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -164,6 +166,7 @@ class Launcher:
         self._failed_unstopped: set[int] = set()  # ... not because the launcher stopped them
         self._signals_sent: set[int] = set()  # signals the launcher sent its ranks
         self._report_dir: str | None = None  # where ranks write why they failed (failure_report)
+        self.embedded: EmbeddedCoordinator | None = None  # started once the ranks are (see launch)
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -171,6 +174,10 @@ class Launcher:
         # Runs in the main thread between bytecodes; SimpleQueue.put is reentrant, a Queue would not be.
         self._signalled = self._signalled or signum
         self._events.put(("signal", -1, signum))
+
+    def stop_ranks(self) -> None:
+        """Stops every rank as a SIGTERM to the launcher does (callable from any thread)."""
+        self._on_signal(signal.SIGTERM, None)
 
     def _install_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -183,9 +190,8 @@ class Launcher:
     # -- processes -------------------------------------------------------------------------------
 
     def _spawn(self, coordinator: str, token: str | None) -> None:
-        # Each rank dies with this process even when it is SIGKILLed (see collsvc/_parent_watch.py).
-        # Linux ties that to the thread that starts the rank: this one, which then supervises the ranks
-        # until all have exited.
+        # Each rank dies with this process even when it is SIGKILLed (see collsvc/_parent_watch.py). Linux
+        # ties that to the thread that starts the rank: this one, which supervises the ranks until they exit.
         command = wrap_command(self.spec.command, os.getpid())
         for local_rank in range(self.spec.nproc):
             if self._signalled:
@@ -194,6 +200,9 @@ class Launcher:
             env = rank_env(os.environ, self.spec, coordinator, token, local_rank)
             if self._report_dir is not None:
                 env[REPORT_DIR_ENV] = self._report_dir
+            ready = self.embedded.ready_signal if self.embedded is not None else None
+            if ready is not None:  # the ranks wait for it (see collsvc/_embedded_coordinator.py)
+                env[COORDINATOR_READY_ENV] = ready[1]
             process = subprocess.Popen(
                 command,
                 env=env,
@@ -201,6 +210,7 @@ class Launcher:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group: stopping a rank stops its children
+                pass_fds=(ready[0],) if ready is not None else (),
             )
             assert process.stdout is not None and process.stderr is not None
             prefix = f"[rank {rank}] "
@@ -243,6 +253,8 @@ class Launcher:
         try:
             try:
                 self._spawn(coordinator, token)
+                if self.embedded is not None:  # now: its imports would hold up starting the ranks (GIL)
+                    self.embedded.start()
             except OSError as exc:
                 self._say(f"collsvc run: cannot start rank {len(self._ranks)}: {exc}")
                 self._stop_now()
@@ -350,35 +362,31 @@ def launch(spec: LaunchSpec, launcher: Launcher | None = None) -> int:
 
     Args:
         spec: what to start.
-        launcher: who supervises the ranks (default: a :class:`Launcher`; elastic jobs pass
-            ``collsvc.elastic.launch.ElasticLauncher``).
+        launcher: who supervises the ranks (default: a :class:`Launcher`; elastic jobs pass theirs).
 
     Returns:
-        The exit status of ``collsvc run`` (see :meth:`Launcher.run`).
+        The exit status of ``collsvc run`` (see :meth:`Launcher.run`); 1 when the embedded coordinator fails.
     """
     launcher = launcher or Launcher(spec)
     if spec.coordinator is not None:
         return merge_timeline(spec, launcher, launcher.run(spec.coordinator, spec.token))
+    os.environ.update(thread_defaults(os.environ, spec.nproc))  # here too: the coordinator loads OpenBLAS
     token = secrets.token_urlsafe(32)
-    # The coordinator listens before any rank starts, so a rank's first call never meets a closed port.
+    coordinator = EmbeddedCoordinator(token, on_failure=launcher.stop_ranks)
+    address = coordinator.reserve()
+    said: list[str] = []  # printed once the coordinator has stopped, after its last log lines
+    launcher._say, code = said.append, 1
     try:
-        from collsvc.server.app import CoordinatorThread
-        from collsvc.types import CoordinatorOptions
-
-        server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=token))
-        port = server.start()
-    except Exception as exc:  # any failure to start is reported in one line, not a traceback
-        launcher._say(f"collsvc run: cannot start the embedded coordinator: {type(exc).__name__}: {exc}")
-        return 1
-    # The summary waits until the coordinator has stopped, so its last log lines cannot follow it.
-    said: list[str] = []
-    launcher._say = said.append
-    try:
-        return merge_timeline(spec, launcher, launcher.run(f"127.0.0.1:{port}", token))
+        if address is not None:
+            launcher.embedded = coordinator  # it starts while the ranks start
+            code = merge_timeline(spec, launcher, launcher.run(address, token))
     finally:
-        server.stop()
+        coordinator.stop()
+        if coordinator.error is not None:  # the ranks were stopped for it: their summary would mislead
+            said, code = [f"collsvc run: {coordinator.failure()}"], 1
         for line in said:
             write_line(sys.stderr, line + "\n")
+    return code
 
 
 def merge_timeline(spec: LaunchSpec, launcher: Launcher, code: int) -> int:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import time
 from typing import Any
 
 import grpc
@@ -9,11 +13,16 @@ import grpc
 from collsvc.client.backends.ring.grpc_transport import channel_credentials, keepalive_options
 from collsvc.types import TlsFiles
 
-# Ranks often dial before the coordinator listens; gRPC's default 1 s reconnect backoff would dominate
-# start-up, so retry quickly (measured: 1.3 s -> 0.4 s to the first barrier).
+# A rank may dial before its coordinator listens; gRPC's default 1 s reconnect backoff would dominate
+# start-up, so retry quickly (measured: 1.3 s -> 0.4 s to the first barrier). gRPC retries a refused
+# connection after 100 ms at the earliest (its floor for the initial backoff), then 1.6 times later each
+# time up to the maximum. "min_reconnect_backoff_ms" is no backoff: it is the least time gRPC gives one
+# connection attempt (TCP connect plus the server's HTTP/2 SETTINGS) before abandoning it. At its floor
+# (100 ms) attempts failed on a loaded machine while the coordinator was busy starting ("timed out before
+# receiving SETTINGS frame"), and fail-fast calls with them; 1 s is ample and short next to the grace period.
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.initial_reconnect_backoff_ms", 20),
-    ("grpc.min_reconnect_backoff_ms", 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 1000),
     ("grpc.max_reconnect_backoff_ms", 500),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 16 * 1024 * 1024),
@@ -52,3 +61,77 @@ def make_channel(address: str, tls: TlsFiles | None, keepalive: tuple[float, flo
     if tls is not None:
         return grpc.secure_channel(address, channel_credentials(tls), options=options)
     return grpc.insecure_channel(address, options=options)
+
+
+# The standard health service answers without a token; an empty body asks about the whole server.
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+# gRPC's words for a TLS refusal: this side's handshake failed, or the server accepted the TCP
+# connection and closed it (it refused our certificate, our lack of one, or our plaintext).
+_TLS_REFUSAL_WORDS = ("handshake", "socket closed")
+
+
+class TlsProbe:
+    """Tells a coordinator that refuses this client's TLS (or its lack of TLS) from one not up yet.
+
+    A few fail-fast calls to the health service: "connection refused" means not up yet, while a
+    handshake error or an accepted-then-closed connection every time means TLS is refused. The first
+    call may be sent ahead (:meth:`send`), so that it opens the connection while the caller does
+    other work.
+
+    Args:
+        channel: the channel to the coordinator.
+        timeout: seconds each call may take.
+    """
+
+    def __init__(self, channel: grpc.Channel, timeout: float) -> None:
+        self._check = channel.unary_unary(HEALTH_CHECK, request_serializer=None, response_deserializer=None)
+        self._timeout = timeout
+        self._sent: grpc.Future[Any] | None = None
+
+    def send(self) -> None:
+        """Sends the first call now; :meth:`refusal` reads its answer."""
+        if self._sent is None:
+            self._sent = self._check.future(b"", timeout=self._timeout)
+
+    def refusal(self, attempts: int = 3) -> str | None:
+        """gRPC's words for the last failure when every call failed the way a TLS refusal does; None
+        when the coordinator answered, or is not up yet."""
+        detail = ""
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(0.05)
+            sent, self._sent = self._sent, None
+            try:
+                if sent is not None:
+                    sent.result()
+                else:
+                    self._check(b"", timeout=self._timeout)
+                return None
+            except grpc.RpcError as exc:
+                detail = (exc.details() if hasattr(exc, "details") else "") or ""
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not any(
+                    word in detail.lower() for word in _TLS_REFUSAL_WORDS
+                ):
+                    return None
+        return detail
+
+    def cancel(self) -> None:
+        """Cancels a call sent ahead and never read."""
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            with contextlib.suppress(Exception):  # grpc may raise from cancel() once its channel closed
+                sent.cancel()
+
+
+def wait_for_launch_signal(fd: int, timeout: float) -> None:
+    """Waits until the pipe ``fd`` reaches its end, at most ``timeout`` seconds, then closes ``fd``.
+
+    ``collsvc run`` closes the other end once its embedded coordinator listens (one that cannot start
+    gets its ranks stopped instead), see ``config.coordinator_ready_fd``. Dialing a port that does not
+    listen yet would cost a reconnect backoff: gRPC waits at least 100 ms before it tries again, then
+    1.6 times longer each time.
+    """
+    try:
+        select.select([fd], [], [], max(timeout, 0.0))
+    finally:
+        os.close(fd)

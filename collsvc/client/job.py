@@ -19,12 +19,13 @@ from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.shm.groups import LocalGroups
+from collsvc.client.coordinator_channel import wait_for_launch_signal
 from collsvc.client.failure_state import FailureState
 from collsvc.client.heartbeat import Watcher
 from collsvc.client.progress import ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.client.work import OrderedExecutor
-from collsvc.config import timeline_target
+from collsvc.config import coordinator_ready_fd, timeline_target
 from collsvc.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -298,17 +299,7 @@ def connect(options: InitOptions) -> Job:
         BackendUnavailableError: ``backend="nccl"`` without CuPy or a GPU.
         OSError: the peer endpoint could not be bound.
     """
-    mailbox = Mailbox()
-    bind_host, advertise_host = peer_binding(options)
-    server = PeerServer(
-        bind_host,
-        options.peer_port,
-        mailbox,
-        token=options.token,
-        tls=options.tls,
-        max_message_bytes=Limits().max_message_bytes,
-    )
-    client = CoordinatorClient(
+    client = CoordinatorClient(  # creating its channel does not dial yet
         options.coordinator,
         options.job_id,
         token=options.token,
@@ -316,15 +307,38 @@ def connect(options: InitOptions) -> Job:
         timeout=options.timeout,
         join_timeout=options.join_timeout,
     )
+    # Both connections to the coordinator open while the peer endpoint starts, not one after the other;
+    # under `collsvc run`, once its coordinator listens (it starts with the ranks).
+    launch_signal = coordinator_ready_fd()
+    if launch_signal is None:
+        client.connect_ahead(options.heartbeat_interval)
+    mailbox = Mailbox()
+    try:
+        bind_host, advertise_host = peer_binding(options)
+        server = PeerServer(
+            bind_host,
+            options.peer_port,
+            mailbox,
+            token=options.token,
+            tls=options.tls,
+            max_message_bytes=Limits().max_message_bytes,
+        )
+    except BaseException:
+        client.close()
+        raise
     peer_address = f"[{advertise_host}]:{server.port}" if ":" in advertise_host else f"{advertise_host}:{server.port}"
     started = time.monotonic()
     try:
+        device = _device(options.local_rank_hint)  # probes CuPy: slow where it is installed
+        if launch_signal is not None:
+            wait_for_launch_signal(launch_signal, options.join_timeout or options.timeout)
+            client.connect_ahead(options.heartbeat_interval)
         join = client.join(
             world_size=options.world_size,
             rank=options.rank,
             host=options.host,
             peer_address=peer_address,
-            device=_device(options.local_rank_hint),
+            device=device,
             pid=os.getpid(),
             local_rank_hint=options.local_rank_hint,
         )

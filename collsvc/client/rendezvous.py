@@ -5,6 +5,7 @@ All ``grpc.RpcError`` translation for coordinator calls happens in :meth:`Coordi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -14,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from collsvc.client.coordinator_channel import heartbeat_keepalive, make_channel
+from collsvc.client.coordinator_channel import TlsProbe, heartbeat_keepalive, make_channel
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.errors import AuthenticationError, CollectiveTimeoutError, error_from_rpc
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -27,12 +28,6 @@ SERVER_WAIT_MARGIN = 5.0
 
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
-
-# The standard health service answers without a token; an empty body asks about the whole server.
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-# gRPC's words for a TLS refusal: this side's handshake failed, or the server accepted the TCP
-# connection and closed it (it refused our certificate, our lack of one, or our plaintext).
-_TLS_REFUSAL_WORDS = ("handshake", "socket closed")
 
 
 def not_joined(world_size: int, ranks: Iterable[int]) -> list[int] | None:
@@ -106,6 +101,8 @@ class CoordinatorClient:
         self.channel = make_channel(address, tls)
         self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
         self._heartbeat_channel: grpc.Channel | None = None
+        self._tls_probe = TlsProbe(self.channel, min(timeout, 5.0))
+        self._heartbeat_ready: grpc.Future[None] | None = None  # see connect_ahead
         self.rank: int | None = None
         self.member_secret = ""
         self.link = CoordinatorLink()
@@ -134,6 +131,21 @@ class CoordinatorClient:
         finally:
             ready.cancel()
         return True
+
+    def connect_ahead(self, heartbeat_interval: float) -> None:
+        """Starts both connections to the coordinator now and returns at once.
+
+        The control connection opens with the first TLS probe of :meth:`join` (its answer is read
+        there), and the heartbeat stream's connection (:meth:`heartbeat_channel`) opens beside it, so
+        that both handshakes run while this process does other work (serving its peer endpoint,
+        waiting in Join) rather than one after the other before and after the Join.
+
+        Args:
+            heartbeat_interval: the member's heartbeat interval (the heartbeat channel's keepalive pace).
+        """
+        self._tls_probe.send()
+        if self._heartbeat_ready is None:
+            self._heartbeat_ready = grpc.channel_ready_future(self.heartbeat_channel(heartbeat_interval))
 
     def join(
         self,
@@ -209,31 +221,18 @@ class CoordinatorClient:
                 what = describe_not_joined(world_size, [m.rank for m in job.members])
                 log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
 
-    def _check_handshake(self, attempts: int = 3) -> None:
+    def _check_handshake(self) -> None:
         """Fails fast when the coordinator is up but refuses this client's TLS (or its lack of TLS).
 
         Join waits for the coordinator to come up (wait_for_ready), so a refused handshake would look
-        like an absent coordinator until the whole timeout passed. A few fail-fast calls to the health
-        service tell them apart: "connection refused" means not up yet (Join then waits), while a
-        handshake error or an accepted-then-closed connection every time means TLS is refused.
+        like an absent coordinator until the whole timeout passed (see :class:`TlsProbe`).
 
         Raises:
-            AuthenticationError: every attempt failed the way a TLS refusal does.
+            AuthenticationError: every probe failed the way a TLS refusal does.
         """
-        probe = self.channel.unary_unary(HEALTH_CHECK, request_serializer=None, response_deserializer=None)
-        detail = ""
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(0.05)
-            try:
-                probe(b"", timeout=min(self.timeout, 5.0))
-                return
-            except grpc.RpcError as exc:
-                detail = (exc.details() if hasattr(exc, "details") else "") or ""
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or not any(
-                    word in detail.lower() for word in _TLS_REFUSAL_WORDS
-                ):
-                    return  # up (or not up yet): Join reports or waits as usual
+        detail = self._tls_probe.refusal()
+        if detail is None:
+            return  # up (or not up yet): Join reports or waits as usual
         hint = (
             "the coordinator presumably requires mutual TLS: set COLLSVC_TLS_CERT, COLLSVC_TLS_KEY and COLLSVC_TLS_CA"
             if self.tls is None
@@ -372,6 +371,10 @@ class CoordinatorClient:
         return self._heartbeat_channel
 
     def close(self) -> None:
+        self._tls_probe.cancel()
+        if self._heartbeat_ready is not None:
+            with contextlib.suppress(Exception):  # grpc may raise from cancel() once its channel closed
+                self._heartbeat_ready.cancel()
         self.channel.close()
         if self._heartbeat_channel is not None:
             self._heartbeat_channel.close()

@@ -120,6 +120,7 @@ def test_run_gives_its_ranks_a_fresh_token_that_outsiders_lack(tmp_path: Path) -
         token, address = os.environ["COLLSVC_TOKEN"], os.environ["COLLSVC_COORDINATOR"]
         method = "/collsvc.proto.v1.Coordinator/GetStatus"
         with grpc.insecure_channel(address) as ch:
+            grpc.channel_ready_future(ch).result(timeout=30)  # collsvc run starts ranks and coordinator together
             call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
             try:
                 call(b"", timeout=5)
