@@ -59,7 +59,6 @@ def init(
         AuthenticationError: missing or wrong token, or TLS refused.
         BackendUnavailableError: ``backend="nccl"`` without CuPy or a GPU.
     """
-    global _default
     try:
         options = resolve_init(coordinator, world_size, rank, backend, timeout, token, job_id)
     except ValueError:
@@ -70,6 +69,17 @@ def init(
         if bare and current is not None and _is_open(current):
             return current
         raise
+    return init_with(options)
+
+
+def init_with(options: InitOptions) -> Communicator:
+    """:func:`init` with options already resolved (``collsvc.config.resolve_init``), for callers that
+    adjust one first (the elastic layer bounds a re-form's join by its own timeout).
+
+    Raises:
+        The errors of :func:`init`, except the argument checks.
+    """
+    global _default
     with _lock:  # held across the join: two threads calling init at once must not join twice
         if _default is not None and _is_open(_default):
             _check_same_job(_default, options)

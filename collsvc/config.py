@@ -290,3 +290,23 @@ def timeline_target(env: Mapping[str, str] | None = None) -> str | None:
     """The merged timeline file ``COLLSVC_TIMELINE`` names, or None when no timeline is wanted."""
     env = os.environ if env is None else env
     return env.get("COLLSVC_TIMELINE") or None
+
+
+def shm_spin_seconds(env: Mapping[str, str] | None = None) -> float | None:
+    """``COLLSVC_SHM_SPIN_US``: microseconds a shared-memory wait polls before it sleeps, as seconds;
+    None when unset (the shared-memory groups then choose from the cores, see ``shm/spin.py``).
+
+    Raises:
+        ValueError: the variable is not a non-negative number.
+    """
+    env = os.environ if env is None else env
+    raw = env.get("COLLSVC_SHM_SPIN_US")
+    if not raw:
+        return None
+    try:
+        micros = float(raw)
+    except ValueError:
+        micros = -1.0
+    if not micros >= 0:
+        raise ValueError(f"environment variable COLLSVC_SHM_SPIN_US={raw!r} must be a number of microseconds >= 0")
+    return micros / 1e6

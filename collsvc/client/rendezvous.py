@@ -305,6 +305,17 @@ class CoordinatorClient:
             raise CollectiveTimeoutError(f"key {key!r} was not set within {timeout:g}s")
         return bytes(reply.value)
 
+    def lookup(self, key: str, timeout: float) -> bytes | None:
+        """``key``'s value now, or None when it is not set (no waiting for it to be set); waits up to
+        ``timeout`` for the coordinator itself to answer (it may still be starting).
+
+        Raises:
+            RendezvousError: the coordinator did not answer in time.
+        """
+        request = coordinator_pb2.GetKeyRequest(job_id=self.job_id, key=key, wait=False)
+        reply = self._call("GetKey", request, f"look up key {key!r}", timeout=timeout, wait=True)
+        return bytes(reply.value) if reply.found else None
+
     def add(self, key: str, amount: int) -> int:
         reply = self._call(
             "AddKey",

@@ -26,6 +26,7 @@ same coordinator never reads this one's keys. Every member of generation 0 store
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collsvc._api import default_communicator, destroy, init, is_initialized
+from collsvc._api import default_communicator, destroy, init_with, is_initialized
 from collsvc.client.communicator import Communicator
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import CollectiveTimeoutError, RendezvousError
@@ -211,14 +212,16 @@ class Membership:
                 failed = missing
                 continue
             try:
-                comm = init(
-                    coordinator=self.options.coordinator,
-                    world_size=len(plan.members),
-                    rank=position,
-                    backend=self.options.backend,
-                    timeout=self.options.timeout,
-                    token=self.options.token,
-                    job_id=f"{self.base}@{self.run}.g{generation}",
+                # Every member said it is ready; one that dies now is missed at the join, which then
+                # waits no longer than a re-form may take (not the job's timeout) before re-forming.
+                comm = init_with(
+                    dataclasses.replace(
+                        self.options,
+                        world_size=len(plan.members),
+                        rank=position,
+                        job_id=f"{self.base}@{self.run}.g{generation}",
+                        join_timeout=min(self.reform_timeout, self.options.timeout),
+                    )
                 )
             except RendezvousError as exc:
                 log.warning("job %s generation %d: join failed (%s); re-forming", self.base, generation, exc)
@@ -361,14 +364,10 @@ def started(options: InitOptions) -> bool:
         AuthenticationError: the coordinator refused the token.
     """
     control = _control_client(options, options.job_id)
-    request = coordinator_pb2.GetKeyRequest(job_id=control.job_id, key=_RUN_KEY, wait=False)
     try:
-        reply = control._call(
-            "GetKey", request, "look up the elastic job", timeout=options.join_timeout or options.timeout, wait=True
-        )
+        return control.lookup(_RUN_KEY, options.join_timeout or options.timeout) is not None
     finally:
         control.close()
-    return bool(reply.found)
 
 
 def _control_client(options: InitOptions, base: str) -> CoordinatorClient:

@@ -25,3 +25,9 @@ def test_the_environment_overrides_the_budget(monkeypatch: pytest.MonkeyPatch) -
 
 def test_usable_cores_is_at_least_one() -> None:
     assert spin.usable_cores() >= 1
+
+
+def test_a_bad_override_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLSVC_SHM_SPIN_US", "-5")
+    with pytest.raises(ValueError, match="COLLSVC_SHM_SPIN_US"):
+        spin.spin_seconds(2, cores=2)

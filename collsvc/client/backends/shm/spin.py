@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from collsvc.config import shm_spin_seconds
+
 # Long enough to cover a peer that is a few Python calls behind, short enough that a rank waiting
 # for a slow peer (a large message, a straggler) goes to sleep almost at once.
 SPIN_SECONDS = 100e-6
@@ -41,8 +43,11 @@ def spin_seconds(local_size: int, cores: int | None = None) -> float:
     """The polling budget of a wait in a group of ``local_size`` ranks on this host.
 
     ``COLLSVC_SHM_SPIN_US`` overrides it (microseconds; 0 turns polling off).
+
+    Raises:
+        ValueError: ``COLLSVC_SHM_SPIN_US`` is not a number >= 0.
     """
-    override = os.environ.get("COLLSVC_SHM_SPIN_US")
-    if override:
-        return max(0.0, float(override) / 1e6)
+    override = shm_spin_seconds()
+    if override is not None:
+        return override
     return SPIN_SECONDS if local_size <= (usable_cores() if cores is None else cores) else SHARED_CORE_SPIN_SECONDS
