@@ -40,6 +40,7 @@ class Communicator:
     def __init__(self, job: Job, name: str, global_ranks: Sequence[int]) -> None:
         self._job = job
         self._ranks = tuple(global_ranks)
+        self._members = frozenset(self._ranks)
         self.name = name
         self.rank = self._ranks.index(job.rank)
         self.size = len(self._ranks)
@@ -78,9 +79,13 @@ class Communicator:
         if self._closed or self._job.closed:
             raise CollsvcError(f"communicator '{self.name}' is closed")
         self._job.failure.check()
-        for rank in self._ranks:
-            if rank in self._job.departed:
-                raise self._job.departed[rank]
+        departed = self._job.departed
+        if departed:
+            # In the order they left: the first departure is the cause, later ones may be its victims
+            # (a member whose call failed because of it, and which then ended).
+            for rank, error in list(departed.items()):
+                if rank in self._members:
+                    raise error
 
     def _next_seq(self, stream: str) -> int:
         with self._lock:
