@@ -48,6 +48,13 @@ def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
     if event.kind == Events.EVENT_KIND_MEMBER_FAILED:
         return RankFailedError(f"rank {where} failed: {event.reason}", ranks, hosts)
     if event.kind == Events.EVENT_KIND_MEMBER_LEFT:
+        cause = left_cause(event)
+        if cause:
+            # It ended because its job had failed on these ranks: they are the ones at fault.
+            named = ", ".join(str(r) for r in cause)
+            return RankFailedError(
+                f"rank {named} failed (rank {where} left the job after its collective failed because of it)", cause
+            )
         return RankFailedError(f"rank {where} left the job", ranks, hosts)
     if event.kind == Events.EVENT_KIND_JOB_ABORTED:
         return AbortedError(f"job aborted: {event.reason}", event.reason)
@@ -55,6 +62,15 @@ def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
         raw = json.loads(event.details_json or "{}")
         return CollectiveMismatchError(event.reason, {int(k): v for k, v in raw.items()})
     return None
+
+
+def left_cause(event: coordinator_pb2.WatchEvent) -> list[int]:
+    """The ranks a MEMBER_LEFT event names as what had failed the departed member's job ([] if none)."""
+    try:
+        raw = json.loads(event.details_json or "{}").get("cause", [])
+        return [int(rank) for rank in raw]
+    except (ValueError, AttributeError, TypeError):
+        return []
 
 
 def left_progress(event: coordinator_pb2.WatchEvent) -> dict[int, dict[str, int]]:

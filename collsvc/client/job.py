@@ -278,7 +278,9 @@ class Job:
         if self.closed:
             return
         self.closed = True
-        self.client.leave(self.progress.snapshot())
+        failure = self.failure.error()
+        cause = [r for r in failure.ranks if r != self.rank] if isinstance(failure, RankFailedError) else []
+        self.client.leave(self.progress.snapshot(), cause)
         self.watcher.stop()
         self.recorder.close()
         self.executor.shutdown()

@@ -359,13 +359,18 @@ class CoordinatorClient:
         except Exception as exc:  # noqa: BLE001 - reporting must never mask the error being reported
             log.warning("job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc)
 
-    def leave(self, progress: Iterable[common_pb2.Progress] = ()) -> None:
+    def leave(self, progress: Iterable[common_pb2.Progress] = (), cause: Iterable[int] = ()) -> None:
         """Leaves the job cleanly (best effort, short deadline), telling the coordinator the final
-        ``progress`` so the others fail at once whatever call this member never finished."""
+        ``progress`` so the others fail at once whatever call this member never finished, and the
+        ranks whose failure failed this member's job (``cause``), so the others name them."""
         if self.rank is None:
             return
         request = coordinator_pb2.LeaveRequest(
-            job_id=self.job_id, rank=self.rank, member_secret=self.member_secret, progress=list(progress)
+            job_id=self.job_id,
+            rank=self.rank,
+            member_secret=self.member_secret,
+            progress=list(progress),
+            cause_ranks=list(cause),
         )
         deadline = time.monotonic() + min(self.timeout, 5.0)
         try:

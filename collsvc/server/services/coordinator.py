@@ -265,7 +265,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         rt, member = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
         await usable(rt, 0.0, context)
         rt.job.heartbeat(member, progress_tuples(request.progress))  # its final progress
-        self.hub.leave(rt, member)
+        cause = sorted({r for r in request.cause_ranks if 0 <= r < len(rt.job.members) and r != member.rank})
+        self.hub.leave(rt, member, cause)
         return pb.LeaveResponse()
 
     # --------------------------------------------------------------------- progress and groups

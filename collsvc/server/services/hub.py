@@ -175,11 +175,15 @@ class JobRuntime:
             self.usable.set()
 
 
-def _left_event(members: list[Member]) -> Any:
+def _left_event(members: list[Member], cause: list[int]) -> Any:
     """MEMBER_LEFT with each member's final progress, so the others can fail at once exactly the calls
-    it never finished (a clean leave after finishing a call must not fail that call elsewhere)."""
+    it never finished (a clean leave after finishing a call must not fail that call elsewhere), and
+    the ranks that had failed its job, if any (``cause``)."""
     finished = {str(m.rank): {group: record.finished_seq for group, record in m.progress.items()} for m in members}
-    return _event(Events.EVENT_KIND_MEMBER_LEFT, members, "left the job", json.dumps({"finished": finished}))
+    details: dict[str, Any] = {"finished": finished}
+    if cause:
+        details["cause"] = cause
+    return _event(Events.EVENT_KIND_MEMBER_LEFT, members, "left the job", json.dumps(details))
 
 
 def _event(kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: str, details_json: str = "") -> Any:
@@ -247,11 +251,12 @@ class Hub:
         rt.wake_barriers()
         self.drop_if_finished(rt)
 
-    def leave(self, rt: JobRuntime, member: Member) -> None:
+    def leave(self, rt: JobRuntime, member: Member, cause: list[int] | None = None) -> None:
+        """``cause``: ranks whose failure had failed the member's job before it left (named to the others)."""
         if not rt.job.leave(member):
             return
         # The member's own stream stays open: the client ends it after Leave returns.
-        rt.send(_left_event([member]), exclude=(member.rank,))
+        rt.send(_left_event([member], cause or []), exclude=(member.rank,))
         rt.wake_barriers()
         self.drop_if_finished(rt)
 

@@ -74,7 +74,10 @@ class Mailbox:
                     raise self._failure
                 departed = self._departed.get(key[3])
                 if departed is not None:
-                    raise departed
+                    # The awaited sender left; but a member that left before it, without finishing this
+                    # call, is the cause (the sender may have ended because of it).
+                    earlier = self._doomed(*waiter) if waiter is not None else None
+                    raise earlier if earlier is not None else departed
                 if waiter is not None:
                     doomed = self._doomed(*waiter)
                     if doomed is not None:

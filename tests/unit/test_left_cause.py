@@ -1,0 +1,37 @@
+"""A MEMBER_LEFT event that carries the ranks which had failed the departed member's job names them."""
+
+from __future__ import annotations
+
+import json
+
+from collsvc.client.heartbeat import event_error, left_cause, left_progress
+from collsvc.errors import RankFailedError
+from collsvc.proto.v1 import coordinator_pb2
+
+Events = coordinator_pb2.EventKind
+
+
+def left(details: dict[str, object]) -> coordinator_pb2.WatchEvent:
+    return coordinator_pb2.WatchEvent(
+        kind=Events.EVENT_KIND_MEMBER_LEFT, ranks=[0], hosts=["host0"], details_json=json.dumps(details)
+    )
+
+
+def test_a_plain_leave_names_the_member_that_left() -> None:
+    error = event_error(left({"finished": {"0": {"world": 3}}}))
+    assert isinstance(error, RankFailedError) and error.ranks == [0]
+    assert str(error) == "rank 0 (host0) left the job"
+
+
+def test_a_leave_after_a_failure_names_the_cause() -> None:
+    event = left({"finished": {"0": {"world": 0}}, "cause": [1]})
+    assert left_cause(event) == [1]
+    assert left_progress(event) == {0: {"world": 0}}
+    error = event_error(event)
+    assert isinstance(error, RankFailedError) and error.ranks == [1]
+    assert "rank 1 failed" in str(error) and "rank 0 (host0) left the job" in str(error)
+
+
+def test_an_unreadable_cause_is_ignored() -> None:
+    assert left_cause(left({"cause": "x"})) == []
+    assert left_cause(coordinator_pb2.WatchEvent(kind=Events.EVENT_KIND_MEMBER_LEFT, details_json="{")) == []
