@@ -299,14 +299,10 @@ class RingBackend:
         """A shared-memory barrier for a group that lives on this host (one hop for two ranks, a
         central barrier for more: tens of microseconds, not a coordinator round trip); False for
         groups that span hosts."""
-        topo = self._topology(call.group)
-        shared = self._shared(call, topo)
+        shared = self._shared(call, self._topology(call.group))
         if shared is None:
             return False
-        try:
-            shared.barrier(call.deadline, digest=call.signature.digest)
-        except CollectiveMismatchError as exc:
-            raise global_mismatch(call, self._local_ranks(call), exc) from exc
+        self._local(call, self._local_ranks(call), lambda: shared.barrier(call.deadline, digest=call.signature.digest))
         return True
 
     def close(self) -> None:
