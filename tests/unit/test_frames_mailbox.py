@@ -94,3 +94,37 @@ def test_departed_rank_dooms_only_calls_it_never_finished() -> None:
     assert time.monotonic() - start < 5
     # A group without rank 2 is not affected.
     assert box.take((2, 8, 0, 1), time.monotonic() + 0.05, waiter=("evens", 8, (0, 1))) is None
+
+
+def test_a_refused_peer_that_left_is_explained_by_its_departure_news() -> None:
+    box = Mailbox()
+    refused = RankFailedError("sending to rank 0 failed (UNAVAILABLE)", [0])
+    box.unreachable(0, refused, grace=30.0)
+    cause = RankFailedError("rank 1 failed (rank 0 left the job after ...)", [1])
+    # The departure news arrives while the refusal waits for it (from the coordinator's event thread).
+    threading.Timer(0.05, box.depart, args=([0], cause, {0: {"world": 0}})).start()
+    started = time.monotonic()
+    assert box.explain(0, ("world", 1, (0, 1, 2))) is cause
+    assert time.monotonic() - started < 5.0  # the news ended the wait, not the grace
+    # A departure is not a failure: waits for other frames go on.
+    assert box.take((42, 1, 0, 2), time.monotonic() + 0.05) is None
+
+
+def test_a_refused_peer_without_news_fails_the_process_after_the_grace() -> None:
+    box = Mailbox()
+    refused = RankFailedError("sending to rank 0 failed (UNAVAILABLE)", [0])
+    box.unreachable(0, refused, grace=0.1)
+    started = time.monotonic()
+    assert box.explain(0) is None  # no news: the caller's own delivery error stands
+    assert 0.05 < time.monotonic() - started < 5.0
+    with pytest.raises(RankFailedError) as caught:
+        box.take((42, 1, 0, 2), time.monotonic() + 5.0)
+    assert caught.value is refused
+
+
+def test_a_refused_peer_is_explained_by_a_failure_that_arrived_meanwhile() -> None:
+    box = Mailbox()
+    box.unreachable(0, RankFailedError("sending to rank 0 failed", [0]), grace=30.0)
+    failed = RankFailedError("rank 1 died", [1])
+    threading.Timer(0.05, box.fail, args=(failed,)).start()
+    assert box.explain(0) is failed

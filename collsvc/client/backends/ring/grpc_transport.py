@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -74,6 +74,9 @@ PEER_DEAD_AFTER = 3.0
 # Servers accept pings this often from their clients; gRPC's default (one per 5 minutes without data,
 # two strikes) would answer our keepalive with GOAWAY "too_many_pings".
 MIN_PING_INTERVAL = 0.1
+# How long a rank whose delivery was refused waits for the coordinator's news of that peer (a clean
+# departure names what had failed its job) before the refusal itself becomes the failure.
+DEPARTURE_NEWS_GRACE = 2.0
 
 
 def keepalive_options(ping_every: float, dead_after: float, *, idle: bool) -> list[tuple[str, Any]]:
@@ -175,6 +178,15 @@ def _send_error(code: grpc.StatusCode, details: str, rank: int, host: str, addre
     return RankFailedError(what, [rank], [host])
 
 
+def refused(future: grpc.Future[bytes]) -> bool:
+    """Whether a finished send failed because nothing answered at the peer's address (its process or
+    endpoint is gone), rather than an error the peer returned."""
+    if not future.done() or future.cancelled():
+        return False
+    exc = future.exception()
+    return exc is not None and hasattr(exc, "code") and exc.code() == grpc.StatusCode.UNAVAILABLE
+
+
 class GrpcTransport:
     """Outgoing channels to every peer (opened lazily) plus the local mailbox."""
 
@@ -224,7 +236,7 @@ class GrpcTransport:
         return GrpcChannel(self, call)
 
     def send_frame(
-        self, dst: int, data: bytes, deadline: float, on_error: Callable[[CollsvcError], None]
+        self, dst: int, data: bytes, deadline: float, on_error: Callable[[CollsvcError, bool], None]
     ) -> grpc.Future[bytes]:
         """Starts delivering ``data`` to global rank ``dst``; returns the call's future."""
         timeout = max(deadline - time.monotonic(), 0.001)
@@ -233,7 +245,7 @@ class GrpcTransport:
         def done(fut: grpc.Future[bytes]) -> None:
             error = self.delivery_error(dst, fut)
             if error is not None:
-                on_error(error)
+                on_error(error, refused(fut))
 
         future.add_done_callback(done)
         return future
@@ -269,6 +281,7 @@ class GrpcChannel:
         self._digest = call.signature.digest
         self._pending: list[tuple[int, grpc.Future[bytes]]] = []  # (global rank, send in flight)
         self._error: CollsvcError | None = None
+        self._refused_by: int | None = None  # the peer whose refusal is self._error, until explained
 
     @property
     def rank(self) -> int:
@@ -278,18 +291,36 @@ class GrpcChannel:
     def size(self) -> int:
         return self._call.group.size
 
-    def _record(self, error: CollsvcError) -> None:
+    def _record(self, error: CollsvcError, refused: bool = False) -> None:
         if self._error is None:
             self._error = error
+            if refused and isinstance(error, RankFailedError) and error.ranks:
+                self._refused_by = error.ranks[0]
         mailbox = self._transport.mailbox
         if isinstance(error, RankFailedError) and error.ranks and all(map(mailbox.has_departed, error.ranks)):
             return  # the peer left cleanly: only this call fails (flush raises), other groups go on
+        if refused and isinstance(error, RankFailedError) and error.ranks:
+            # The peer's process is gone. If it left the job, the coordinator knew before its endpoint
+            # closed, and that news names the cause: wait for it a little before failing every waiter.
+            mailbox.unreachable(error.ranks[0], error, DEPARTURE_NEWS_GRACE)
+            return
         # A failed delivery means the peer is unreachable: wake this rank's waiters now.
         mailbox.fail(error)
 
+    def _raise_recorded(self) -> NoReturn:
+        """Raises this call's recorded delivery error, or what the coordinator said it stands for."""
+        error = self._error
+        assert error is not None
+        if self._refused_by is not None:
+            waiter = (self._call.progress_stream, self._call.seq, self._call.all_members)
+            explained = self._transport.mailbox.explain(self._refused_by, waiter)
+            if explained is not None:
+                raise explained
+        raise error
+
     def send(self, dst: int, step: int, payload: memoryview | bytes) -> None:
         if self._error is not None:
-            raise self._error
+            self._raise_recorded()
         view = memoryview(payload).cast("B")
         header = frames.encode_header(
             self._transport.rank, self._key, self._call.seq, step, self._digest, self._signature, view.nbytes
@@ -333,9 +364,9 @@ class GrpcChannel:
         for dst, future in pending:
             error = self._transport.delivery_error(dst, future)
             if error is not None:
-                self._record(error)
+                self._record(error, refused(future))
         if self._error is not None:
-            raise self._error
+            self._raise_recorded()
 
     def _await_delivery(self, in_flight: list[grpc.Future[bytes]]) -> None:
         """Waits for sends in flight; a failure recorded meanwhile ends the wait and cancels them.

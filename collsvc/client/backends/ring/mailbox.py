@@ -32,6 +32,7 @@ class Mailbox:
         self._failure: BaseException | None = None
         self._departed: dict[int, BaseException] = {}
         self._finished: dict[int, dict[str, int]] = {}  # departed rank -> stream -> last finished seq
+        self._unreachable: dict[int, tuple[BaseException, float]] = {}  # rank -> (its error, when it counts)
 
     def deposit(self, header: FrameHeader, payload: memoryview) -> None:
         key = (header.key_hash, header.seq, header.step, header.src)
@@ -70,6 +71,7 @@ class Mailbox:
                     odd = self._mismatched(key, digest)
                     if odd is not None:
                         return odd.header, odd.payload
+                wake_at = self._settle_unreachable()
                 if self._failure is not None:
                     raise self._failure
                 departed = self._departed.get(key[3])
@@ -85,7 +87,7 @@ class Mailbox:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                self._cond.wait(remaining)
+                self._cond.wait(min(remaining, wake_at - time.monotonic()))
 
     def _doomed(self, stream: str, seq: int, members: tuple[int, ...]) -> BaseException | None:
         # In the order they left: the first departure is the cause, later ones may be its victims.
@@ -108,6 +110,59 @@ class Mailbox:
             if self._failure is None:
                 self._failure = error
             self._cond.notify_all()
+
+    def unreachable(self, rank: int, error: BaseException, grace: float) -> None:
+        """Records that global ``rank`` refused a delivery: its process is gone.
+
+        A member that left the job cleanly closes its endpoint only after the coordinator recorded its
+        departure, so the news of it (naming what had failed its job, if anything) is on its way here.
+        ``error`` becomes this process's failure only when no departure of ``rank`` and no other
+        failure arrived within ``grace`` seconds; until then waits go on (see :meth:`explain`).
+        """
+        with self._cond:
+            if rank not in self._departed and rank not in self._unreachable:
+                self._unreachable[rank] = (error, time.monotonic() + grace)
+            self._cond.notify_all()
+
+    def explain(self, rank: int, waiter: tuple[str, int, tuple[int, ...]] | None = None) -> BaseException | None:
+        """The error a failed delivery to global ``rank`` stands for, once the coordinator's news came.
+
+        Waits (at most the grace given to :meth:`unreachable`) for the departure of ``rank`` or another
+        failure. Returns the departure that doomed the waiting call (``waiter`` as in :meth:`take`),
+        the departure of ``rank`` itself, the failure recorded meanwhile, or None when no news came: the
+        caller's own delivery error stands (and is this process's failure from then on).
+        """
+        with self._cond:
+            while True:
+                departed = self._departed.get(rank)
+                if departed is not None:
+                    earlier = self._doomed(*waiter) if waiter is not None else None
+                    return earlier if earlier is not None else departed
+                self._settle_unreachable()
+                pending = self._unreachable.get(rank)
+                if self._failure is not None:
+                    # Its own error, promoted when the grace ran out, means that no news came.
+                    return None if pending is not None and self._failure is pending[0] else self._failure
+                if pending is None:
+                    return None
+                self._cond.wait(max(pending[1] - time.monotonic(), 0.0))
+
+    def _settle_unreachable(self) -> float:
+        """Promotes an unreachable rank whose grace ran out without news to this process's failure;
+        returns when the next grace ends (infinity when none is pending). Caller holds the lock."""
+        wake_at = float("inf")
+        if not self._unreachable:
+            return wake_at
+        now = time.monotonic()
+        for rank, (error, until) in self._unreachable.items():
+            if rank in self._departed:
+                continue
+            if until <= now:
+                if self._failure is None:
+                    self._failure = error
+            else:
+                wake_at = min(wake_at, until)
+        return wake_at
 
     def depart(
         self, ranks: list[int], error: BaseException, finished: Mapping[int, Mapping[str, int]] | None = None
@@ -149,12 +204,13 @@ class Mailbox:
         """
         with self._cond:
             while not done():
+                wake_at = self._settle_unreachable()
                 if self._failure is not None:
                     raise self._failure
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._cond.wait(min(remaining, wake_at - time.monotonic()))
             return True
 
     def wake(self) -> None:
