@@ -99,12 +99,12 @@ def init_with(options: InitOptions) -> Communicator:
 
 def _is_open(comm: Communicator) -> bool:
     # A world communicator closed directly (comm.close() rather than destroy()) no longer counts.
-    return not (comm._closed or comm._job.closed)
+    return not comm.closed
 
 
 def _check_same_job(comm: Communicator, wanted: InitOptions) -> None:
     """Raises RendezvousError naming every argument in which ``wanted`` differs from the joined job."""
-    joined = comm._job.options
+    joined = comm.job.options
     differences = [
         f"{name} {getattr(wanted, name)!r} (joined with {getattr(joined, name)!r})"
         for name in ("coordinator", "job_id", "world_size", "backend", "timeout")
@@ -149,7 +149,7 @@ def _leave_then_die(signum: int, frame: FrameType | None) -> None:
     signal.signal(signum, signal.SIG_DFL)
     comm = _default
     if comm is not None and _is_open(comm):
-        comm._job.client.leave()
+        comm.job.leave_now()
     os.kill(os.getpid(), signum)
 
 

@@ -18,6 +18,7 @@ import grpc
 
 from collsvc import config
 from collsvc._cli_common import DEFAULT_COORDINATOR, EXIT_FAILURE, EXIT_OK, UsageError, read_token_file
+from collsvc.client.join_report import describe_not_joined, ranks_text
 from collsvc.types import CoordinatorOptions, TlsFiles
 
 # -- coordinator -----------------------------------------------------------------------------------
@@ -243,12 +244,6 @@ def status_to_dict(response: Any) -> dict[str, Any]:
     return {"jobs": jobs}
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ",".join(str(r) for r in ranks)
-
-
 def format_status(data: dict[str, Any]) -> str:
     """The readable table of :func:`status_to_dict` output."""
     if not data["jobs"]:
@@ -258,13 +253,11 @@ def format_status(data: dict[str, Any]) -> str:
         members = job["members"]
         lines.append(f"job {job['job_id']}: {job['state']}, world size {job['world_size']}, {len(members)} joined")
         if job["state"] == "joining":
-            from collsvc.client.rendezvous import describe_not_joined
-
             lines.append("  " + describe_not_joined(job["world_size"], [m["rank"] for m in members]))
         if job["failure"]:
             lines.append(f"  failure: {job['failure']}")
         if job["groups"]:
-            groups = ", ".join(f"{g['name']} [{_ranks_text(g['ranks'])}]" for g in job["groups"])
+            groups = ", ".join(f"{g['name']} [{ranks_text(g['ranks'])}]" for g in job["groups"])
             lines.append(f"  groups: {groups}")
         header = ("rank", "host", "local", "node", "state", "heartbeat", "pid", "last op")
         rows = [header]

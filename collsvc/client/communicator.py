@@ -18,6 +18,7 @@ from collsvc.client import bucketing, objects, ops
 from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.devices import caller_gpu_context
 from collsvc.client.job import Job
+from collsvc.client.job_handle import JobHandle
 from collsvc.client.work import Work
 from collsvc.errors import AbortedError, CollsvcError
 from collsvc.proto.v1 import coordinator_pb2
@@ -73,6 +74,17 @@ class Communicator:
     def global_ranks(self) -> tuple[int, ...]:
         """The job-wide ranks of this group's members, in group order."""
         return self._ranks
+
+    @property
+    def job(self) -> JobHandle:
+        """The job this communicator belongs to: its options, first failure, departed members and
+        key/value store (for libraries built on collsvc, such as its torch backend)."""
+        return JobHandle(self._job)
+
+    @property
+    def closed(self) -> bool:
+        """Whether this communicator (or the job under it) was closed."""
+        return self._closed or self._job.closed
 
     # ---- infrastructure -------------------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -309,7 +321,19 @@ class Communicator:
         """The (job-wide) ranks of the group named ``name``, or [] if there is none."""
         return self._job.client.find_group(name)
 
-    def _subgroup(self, name: str, ranks: list[int]) -> Communicator:
+    def subgroup(self, name: str, global_ranks: Sequence[int]) -> Communicator:
+        """A communicator over the job-wide ``global_ranks``, created by those members only (unlike
+        :meth:`new_group`, which every rank of this communicator calls): each of them calls it with
+        the same ``name`` and ranks, which this process must be one of.
+
+        Raises:
+            ValueError: this process is not in ``global_ranks``, or ``name`` already names other ranks.
+            CollsvcError: the job failed, or the coordinator could not be reached in time.
+        """
+        ranks = [int(r) for r in global_ranks]
+        if self._job.rank not in ranks:
+            raise ValueError(f"rank {self._job.rank} is not among the group's ranks {ranks}")
+        self._check_usable()
         self._job.client.new_group(name, ranks)
         return Communicator(self._job, name, ranks)
 
@@ -320,7 +344,7 @@ class Communicator:
             hosts = self._job.hosts
             mine = hosts[self._job.rank]
             ranks = [r for r in self._ranks if hosts[r] == mine]
-            self._intra = self._subgroup(f"{self.name}/node{self.node_rank}", ranks)
+            self._intra = self.subgroup(f"{self.name}/node{self.node_rank}", ranks)
         return self._intra
 
     @property
@@ -335,7 +359,7 @@ class Communicator:
                 local_of[r] = position.get(hosts[r], 0)
                 position[hosts[r]] = local_of[r] + 1
             ranks = [r for r in self._ranks if local_of[r] == self.local_rank]
-            self._inter = self._subgroup(f"{self.name}/cross{self.local_rank}", ranks)
+            self._inter = self.subgroup(f"{self.name}/cross{self.local_rank}", ranks)
         return self._inter
 
     # ---- lifecycle --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from collsvc.client.coordinator_channel import TlsProbe, heartbeat_keepalive, make_channel
+from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.errors import AuthenticationError, CollectiveTimeoutError, error_from_rpc
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -28,47 +29,6 @@ SERVER_WAIT_MARGIN = 5.0
 
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
-
-
-def not_joined(world_size: int, ranks: Iterable[int]) -> list[int] | None:
-    """The ranks of a joining job that no member holds, or None when some member has no rank yet.
-
-    Args:
-        world_size: the job's world size.
-        ranks: the ranks the waiting members asked for; -1 for a member the coordinator will assign.
-    """
-    taken = set(ranks)
-    if world_size <= 0 or any(rank < 0 for rank in taken):
-        return None
-    return [rank for rank in range(world_size) if rank not in taken]
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``[1, 2, 3, 7]`` -> ``"1-3, 7"``."""
-    spans: list[str] = []
-    start = previous = ranks[0]
-    for rank in [*ranks[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        spans.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ", ".join(spans)
-
-
-def describe_not_joined(world_size: int, ranks: list[int]) -> str:
-    """``"not joined: rank 1 (1 of 2 joined)"`` for the members ``ranks`` of a joining job.
-
-    When some members let the coordinator assign ranks, only the number still missing is known.
-    """
-    missing = not_joined(world_size, ranks)
-    if missing is None:
-        return f"not joined: {world_size - len(ranks)} of {world_size} members (ranks are assigned once all joined)"
-    if not missing:
-        return f"all {world_size} members joined"
-    plural = "s" if len(missing) != 1 else ""
-    return f"not joined: rank{plural} {_ranks_text(missing)} ({len(ranks)} of {world_size} joined)"
 
 
 def waiting_from_proto(entries: Any) -> list[dict[str, Any]]:
@@ -324,6 +284,12 @@ class CoordinatorClient:
         )
         self.journal.wrote(key, str(reply.value).encode("ascii"))
         return int(reply.value)
+
+    def compare_set(self, key: str, desired: bytes) -> bytes:
+        """Stores ``desired`` under ``key`` unless something is there; returns what is stored then."""
+        request = coordinator_pb2.CompareSetKeyRequest(job_id=self.job_id, key=key, expect_absent=True, desired=desired)
+        reply = self._call("CompareSetKey", request, f"compare-and-set key {key!r}")
+        return bytes(reply.value)
 
     def new_group(self, name: str, ranks: list[int]) -> None:
         self._call(

@@ -49,6 +49,12 @@ class Work(Generic[T]):
         """The operation's error once it finished, else None (waits for it)."""
         return self._future.exception()
 
+    @property
+    def future(self) -> concurrent.futures.Future[T]:
+        """The operation as a ``concurrent.futures.Future``, for done-callbacks and ``wait``/``as_completed``
+        over many calls. Cancelling it does not stop a collective that started."""
+        return self._future
+
 
 class OrderedExecutor:
     """Runs submitted operations one at a time, in submission order, on one worker thread.

@@ -32,7 +32,7 @@ def _member_lost(error: BaseException, comm: Communicator) -> RankFailedError | 
         if isinstance(seen, _MEMBER_LOST):
             return seen
         seen = seen.__cause__ or seen.__context__
-    recorded = comm._job.failure.error()
+    recorded = comm.job.failure
     if isinstance(recorded, _MEMBER_LOST):
         return recorded
     return None
@@ -86,7 +86,7 @@ def run(train: Callable[..., Result]) -> Callable[..., Result | None]:
                 lost = _member_lost(exc, comm)
                 if lost is None:
                     raise
-                failed = set(lost.ranks) | set(comm._job.departed)
+                failed = set(lost.ranks) | set(comm.job.departed)
                 log.warning("job %s generation %d: %s; re-forming", membership.base, membership.generation, lost)
             else:
                 membership.finish(comm)

@@ -39,7 +39,6 @@ from collsvc._api import default_communicator, destroy, init_with, is_initialize
 from collsvc.client.communicator import Communicator
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import CollectiveTimeoutError, RendezvousError
-from collsvc.proto.v1 import coordinator_pb2
 from collsvc.types import InitOptions, ReduceOp
 
 log = logging.getLogger(__name__)
@@ -121,7 +120,7 @@ class Membership:
             RendezvousError: a newcomer was not admitted within the job's timeout, or the re-form failed.
         """
         comm = default_communicator()
-        options = comm._job.options
+        options = comm.job.options
         reform_timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_REFORM_TIMEOUT))
         joining = os.environ.get(JOIN_ENV)
         if joining:
@@ -132,7 +131,7 @@ class Membership:
             membership = cls(options, base, run, control, index=None, has_state=False, reform_timeout=reform_timeout)
             return membership, membership.reform(set())
         base = options.job_id
-        run = f"{comm._job.join.job_incarnation:x}"
+        run = f"{comm.job.incarnation:x}"
         control = _control_client(options, base)
         # Every member says the job started (same value): a restarted member asks before it joins.
         control.set(_RUN_KEY, run.encode())
@@ -282,11 +281,7 @@ class Membership:
 
     def _compare_set(self, key: str, desired: bytes) -> bytes:
         """Stores ``desired`` under ``key`` unless something is there; returns what is stored."""
-        request = coordinator_pb2.CompareSetKeyRequest(
-            job_id=self.control.job_id, key=key, expect_absent=True, desired=desired
-        )
-        reply = self.control._call("CompareSetKey", request, f"compare-and-set key {key!r}")
-        return bytes(reply.value)
+        return self.control.compare_set(key, desired)
 
     def _ready(self, generation: int, plan: Plan, position: int) -> set[int]:
         """Step 3: the positions in ``plan`` that did not say ready within the re-form timeout.

@@ -63,7 +63,7 @@ class CoordinatorStore(_Store):  # type: ignore[misc]
 
     def __init__(self, comm: Communicator, timeout: datetime.timedelta) -> None:
         super().__init__()
-        self._client = comm._job.client  # the coordinator's key/value calls have no public wrapper
+        self._client = comm.job.store
         self._wait = timeout
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
@@ -191,7 +191,7 @@ class WorldSession:
     def _healthy(self) -> bool:
         """Whether the job had no failure (after one, nobody needs the coordinator any longer)."""
         try:
-            self.comm._job.failure.check()  # the Communicator has no public "failed" state
+            self.comm.job.check()
         except CollsvcError:
             return False
         return True
@@ -206,7 +206,7 @@ class WorldSession:
         try:
             self._store.set(f"{_KEY}left/{self.comm.rank}", "1")
             if self._server is not None and self._healthy():
-                gone = self.comm._job.departed  # ranks that left need not confirm
+                gone = self.comm.job.departed  # ranks that left need not confirm
                 others = [f"{_KEY}left/{r}" for r in range(1, self.comm.size) if r not in gone]
                 self._store.wait(others, _LEAVE_WAIT)
         except Exception as exc:  # noqa: BLE001 - leaving is best effort; the others may be gone already
@@ -234,7 +234,7 @@ def create_process_group(options: Any, backend_options: Any) -> ProcessGroupColl
             session = WorldSession.join(options.store, options.group_rank, options.group_size, timeout)
             return ProcessGroupCollsvc(session.comm, timeout, on_shutdown=session.close)
         world = collsvc.default_communicator()
-        comm = world._subgroup(f"torch/{options.group_id}", ranks)
+        comm = world.subgroup(f"torch/{options.group_id}", ranks)
     except CollsvcError as exc:
         raise to_torch_error(exc) from exc
     return ProcessGroupCollsvc(comm, timeout)

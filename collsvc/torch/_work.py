@@ -54,21 +54,7 @@ def future_of(call: CollsvcCall[Any] | concurrent.futures.Future[Any]) -> concur
     """The concurrent future behind a collsvc call (or ``call`` itself when it already is one)."""
     if isinstance(call, concurrent.futures.Future):
         return call
-    # collsvc's Work has no public done-callback; its concurrent future is the one place to hook.
-    inner = getattr(call, "_future", None)
-    if isinstance(inner, concurrent.futures.Future):
-        return inner
-    # Should that attribute ever change: a thread that waits on the call stands in for the callback.
-    mirror: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def follow() -> None:
-        try:
-            mirror.set_result(call.result())
-        except BaseException as exc:  # noqa: BLE001 - the error belongs to whoever waits on the Work
-            mirror.set_exception(exc)
-
-    threading.Thread(target=follow, name="collsvc-torch-follow", daemon=True).start()
-    return mirror
+    return call.future
 
 
 def _seconds(timeout: Any) -> float | None:

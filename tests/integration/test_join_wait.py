@@ -12,7 +12,8 @@ import pytest
 
 from collsvc import _cli_remote
 from collsvc.client import rendezvous
-from collsvc.client.rendezvous import CoordinatorClient, describe_not_joined, not_joined
+from collsvc.client.join_report import describe_not_joined, not_joined
+from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import RendezvousError
 from collsvc.proto.v1 import common_pb2
 from collsvc.proto.v1 import coordinator_pb2 as pb

@@ -57,13 +57,13 @@ def test_a_member_that_finished_and_left_fails_no_one(world_size: int, transport
 def leave_before_the_first_collective(comm: collsvc.Communicator, how: str) -> dict[str, Any] | None:
     """Rank 1 goes away ``how`` before anyone's first collective; the others time that collective."""
     if comm.rank == 1:
-        comm._job.client.set("leaving", b"1")
+        comm.job.store.set("leaving", b"1")
         if how == "destroy":
             collsvc.destroy()
             return None
         sys.stdout.flush()
         os._exit(0)  # "exit": no leave at all; the coordinator sees the stream break
-    comm._job.client.get("leaving", 30)
+    comm.job.store.get("leaving", 30)
     started = time.monotonic()
     try:
         comm.all_reduce(np.ones(4, np.float32))

@@ -56,7 +56,7 @@ def attempt(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 def kv(comm: collsvc.Communicator) -> Any:
     """The job's coordinator client: set/get on its key/value store signal between ranks."""
-    return comm._job.client
+    return comm.job.store
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def one_rank_stays_away(rank: int, kind: str, absent: int) -> dict[str, Any] | N
         seen = attempt(comm.all_reduce, np.ones(4)) if kind == "all_reduce" else attempt(comm.barrier, timeout=1.0)
         later = attempt(comm.all_reduce, np.ones(4))
         store.set(f"done/{rank}", b"1")
-        return {"seen": seen, "later": later, "pid": os.getpid(), "job": comm._job.options.job_id}
+        return {"seen": seen, "later": later, "pid": os.getpid(), "job": comm.job.options.job_id}
     finally:
         collsvc.destroy()
 

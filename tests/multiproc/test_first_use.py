@@ -20,7 +20,7 @@ from tests.harness import coordinator, run_ranks
 def init_again(comm: collsvc.Communicator) -> dict[str, Any]:
     same = collsvc.init()  # the same environment names the same job: the joined communicator comes back
     explicit = collsvc.init(rank=comm.rank)
-    seen: dict[str, Any] = {"same": same is comm, "explicit": explicit is comm, "job_id": comm._job.options.job_id}
+    seen: dict[str, Any] = {"same": same is comm, "explicit": explicit is comm, "job_id": comm.job.options.job_id}
     for label, kwargs in (("job", {"job_id": "another-job"}), ("size", {"world_size": comm.size + 1})):
         try:
             collsvc.init(**kwargs)
@@ -52,7 +52,7 @@ def test_init_twice_returns_the_joined_communicator_or_names_the_conflict() -> N
 def init_after_destroy(comm: collsvc.Communicator) -> bool:
     collsvc.destroy()
     assert not collsvc.is_initialized()
-    again = collsvc.init(job_id=comm._job.options.job_id + "-second")  # a fresh job after destroy()
+    again = collsvc.init(job_id=comm.job.options.job_id + "-second")  # a fresh job after destroy()
     joined = again is not comm and again.size == comm.size
     again.barrier()
     return joined
@@ -108,7 +108,7 @@ def mismatch(comm: collsvc.Communicator) -> dict[str, Any]:
         else:
             comm.all_gather(x)
     except collsvc.CollectiveMismatchError as exc:
-        return {"error": type(exc).__name__, "pid": os.getpid(), "job": comm._job.options.job_id}
+        return {"error": type(exc).__name__, "pid": os.getpid(), "job": comm.job.options.job_id}
     raise AssertionError("a mismatched collective returned")
 
 

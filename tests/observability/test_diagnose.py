@@ -25,7 +25,7 @@ def stuck_job(rank: int, absent: int) -> None:
         x = np.ones(4)
         comm.all_reduce(x)
         comm.all_reduce(x)
-        store = comm._job.client
+        store = comm.job.store
         present = [r for r in range(comm.size) if r != absent]
         if rank == absent:
             for other in present:  # alive and heartbeating, busy elsewhere: never enters call #3

@@ -56,7 +56,7 @@ def job_under_scrape(comm: collsvc.Communicator, port: int, calls: int) -> dict[
     comm.barrier()
     result: dict[str, Any] = {}
     if comm.rank == 0:
-        job = comm._job.options.job_id
+        job = comm.job.options.job_id
         deadline = time.monotonic() + SCRAPE_BOUND
         tick = threading.Event()
         while True:
@@ -108,13 +108,13 @@ def mismatched_job(comm: collsvc.Communicator, port: int) -> dict[str, Any]:
     x = np.ones(4)
     with contextlib.suppress(collsvc.CollectiveMismatchError):
         comm.all_reduce(x) if comm.rank == 0 else comm.all_gather(x)
-    client = comm._job.client
+    client = comm.job.store
     if comm.rank == 1:
         client.get("scraped", 30.0)  # stays a member until rank 0 scraped
         return {}
     samples = scrape(port)
     client.set("scraped", b"1")
-    return {"job": comm._job.options.job_id, "samples": samples}
+    return {"job": comm.job.options.job_id, "samples": samples}
 
 
 def test_failures_are_counted_by_kind() -> None:

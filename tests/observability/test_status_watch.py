@@ -20,7 +20,7 @@ def watched_job(comm: collsvc.Communicator, address: str) -> str:
         comm.all_reduce(np.ones(16))
     comm.barrier()
     comm._job.watcher.beat_now()  # progress reaches the coordinator now, not at the next heartbeat
-    store = comm._job.client
+    store = comm.job.store
     if comm.rank == 1:
         store.get("watched", KV_WAIT)
         return ""

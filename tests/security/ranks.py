@@ -19,7 +19,7 @@ def all_reduce_sum(comm: Any) -> list[float]:
 
 def hold_then_all_reduce(comm: Any, release_key: str) -> list[float]:
     """Keeps the peer endpoints up until the test sets ``release_key``, then runs one all_reduce."""
-    comm._job.client.get(release_key, 60.0)
+    comm.job.store.get(release_key, 60.0)
     return all_reduce_sum(comm)
 
 

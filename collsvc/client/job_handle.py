@@ -1,0 +1,87 @@
+"""What code built on a Communicator may know of, and do to, the job behind it.
+
+The torch backend, elastic training and the module-level API need a few facts about the job (the
+options it joined with, its incarnation, its first failure, the members that left) and its key/value
+store. :class:`JobHandle` gives exactly those, so that they never reach into the job's parts (its
+coordinator client, failure state, executor), which may change without notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from collsvc.errors import RankFailedError
+
+if TYPE_CHECKING:
+    from collsvc.client.job import Job
+    from collsvc.types import InitOptions
+
+
+class KeyValueStore(Protocol):
+    """The job's key/value store on the coordinator (keys are private to the job)."""
+
+    def set(self, key: str, value: bytes) -> None:
+        """Sets ``key``; raises RendezvousError when the coordinator cannot be reached in time."""
+
+    def get(self, key: str, timeout: float) -> bytes:
+        """Waits up to ``timeout`` seconds for ``key``; raises CollectiveTimeoutError when it stays unset."""
+
+    def lookup(self, key: str, timeout: float) -> bytes | None:
+        """``key``'s value now, or None (no waiting for it to be set)."""
+
+    def add(self, key: str, amount: int) -> int:
+        """Adds ``amount`` to the integer at ``key`` (0 when unset) and returns the sum."""
+
+
+class JobHandle:
+    """The job of one or more Communicators, seen from code built on them (``comm.job``)."""
+
+    __slots__ = ("_job",)
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+
+    @property
+    def options(self) -> InitOptions:
+        """The resolved options this process joined the job with."""
+        return self._job.options
+
+    @property
+    def incarnation(self) -> int:
+        """A number the coordinator gave this run of the job (a restarted job id gets another)."""
+        return int(self._job.join.job_incarnation)
+
+    @property
+    def store(self) -> KeyValueStore:
+        """The job's key/value store on the coordinator."""
+        return self._job.client
+
+    @property
+    def closed(self) -> bool:
+        """Whether this process left the job."""
+        return self._job.closed
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure this process saw in the job (None while there is none)."""
+        return self._job.failure.error()
+
+    def check(self) -> None:
+        """Raises the job's first failure, if there is one.
+
+        Raises:
+            CollsvcError: the failure (RankFailedError, AbortedError, CollectiveMismatchError, ...).
+        """
+        self._job.failure.check()
+
+    @property
+    def departed(self) -> Mapping[int, RankFailedError]:
+        """Members that left the job cleanly, in the order they left, each with the error a call that
+        needed it raises (a copy)."""
+        return dict(self._job.departed)
+
+    def leave_now(self) -> None:
+        """Tells the coordinator this member leaves, and nothing else (safe in a signal handler: it takes
+        none of the job's locks). :meth:`Communicator.close` is the full, clean way out."""
+        self._job.client.leave()
