@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from collsvc.client import bucketing, objects, ops
+from collsvc.client import any_source, bucketing, objects, ops
 from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.devices import caller_gpu_context
 from collsvc.client.job import Job
@@ -242,6 +242,28 @@ class Communicator:
         """
         planned = ops.recv(self._view, self._group_rank(src, "src"), tag, out=out, shape=shape, dtype=dtype)
         return self._issue(planned)
+
+    def recv_any(
+        self, tag: int = 0, *, out: Any = None, shape: Any = None, dtype: Any = None, timeout: float | None = None
+    ) -> tuple[int, Any]:
+        """Receives the next array any rank sent with ``tag``; returns ``(source rank, array)``.
+
+        Messages from one source keep their order. Not for GPU arrays that go through NCCL.
+
+        Raises:
+            ValueError: bad tag or arguments (as :meth:`recv`), a GPU ``out`` on the NCCL backend.
+            CollectiveTimeoutError: no message within ``timeout`` (default: the communicator's).
+        """
+        if out is not None and self._view.gpu_backend and getattr(out, "__cuda_array_interface__", None) is not None:
+            raise ValueError("recv_any cannot receive into a GPU array on the NCCL backend (NCCL needs a source)")
+        self._check_usable()
+        limit = self._job.options.timeout if timeout is None else timeout
+        source = any_source.first_sender(self._view, self._job.mailbox, self._peek_seq, tag, limit)
+        return source, self.recv(source, tag, out=out, shape=shape, dtype=dtype)
+
+    def _peek_seq(self, stream: str) -> int:
+        with self._lock:
+            return self._seqs.get(stream, 0) + 1
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns when every rank of this communicator entered the barrier.

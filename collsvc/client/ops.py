@@ -282,14 +282,25 @@ def all_to_all(group: GroupView, x: Any, *, out: Any) -> Planned:
 
 
 # ---- point to point -----------------------------------------------------------------------------------------
-def _p2p(group: GroupView, src: int, dst: int, tag: int) -> tuple[str, GroupSpec]:
+def check_tag(tag: int) -> None:
+    """Raises ValueError unless ``tag`` is a non-negative int."""
     if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
         raise ValueError(f"tag must be a non-negative int, got {tag!r}")
+
+
+def p2p_stream(group: GroupView, src: int, dst: int, tag: int) -> str:
+    """The stream that numbers the messages group rank ``src`` sends to ``dst`` with ``tag``."""
+    return f"{group.name}/p2p/{group.global_ranks[src]}-{group.global_ranks[dst]}/{tag}"
+
+
+def _p2p(group: GroupView, src: int, dst: int, tag: int) -> tuple[str, GroupSpec]:
+    check_tag(tag)
     if src == dst:
         raise ValueError(f"rank {src} cannot send to itself")
     ranks = group.global_ranks
-    stream = f"{group.name}/p2p/{ranks[src]}-{ranks[dst]}/{tag}"
-    return stream, GroupSpec(group.name, (ranks[src], ranks[dst]), 0 if group.rank == src else 1)
+    return p2p_stream(group, src, dst, tag), GroupSpec(
+        group.name, (ranks[src], ranks[dst]), 0 if group.rank == src else 1
+    )
 
 
 def send(group: GroupView, x: Any, dst: int, tag: int) -> Planned:

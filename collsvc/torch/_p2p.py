@@ -70,6 +70,28 @@ class PointToPoint:
 
         return self._stream("recv", src, tag).submit(receive)
 
+    def recv_any(self, tensor: torch.Tensor, tag: int) -> concurrent.futures.Future[Any]:
+        """Posts a receive from whichever rank sends with ``tag`` first; the future's value is that rank.
+
+        Raises:
+            ValueError: ``tag`` < 0.
+        """
+        if tag < 0:
+            raise ValueError(f"recv: tag must be >= 0, got {tag}")
+        target = tensor.detach()
+
+        def receive() -> int:
+            if target.is_contiguous():
+                source, _ = self._comm.recv_any(tag, out=target)
+            else:
+                source, data = self._comm.recv_any(
+                    tag, out=torch.empty_like(target, memory_format=torch.contiguous_format)
+                )
+                target.copy_(data)
+            return source
+
+        return self._stream("recv", -1, tag).submit(receive)  # -1: the lane of receives from any rank
+
     def close(self) -> None:
         with self._lock:
             pools, self._streams = list(self._streams.values()), {}

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import collsvc.torch._collectives as ops
 from collsvc.torch._errors import translated
 from collsvc.torch._p2p import PointToPoint
-from collsvc.torch._work import CollsvcWork, Finisher
+from collsvc.torch._work import AnySourceWork, CollsvcWork, Finisher
 
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
     from collsvc.client.communicator import Communicator
@@ -205,8 +205,11 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         tensor = ops.single(tensors)
         return self._work([self._p2p.recv(tensor, src, tag)], [tensor], None, f"recv from {src} (tag {tag})")
 
+    @translated
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
-        raise ValueError("the collsvc backend does not support recv without a source rank (src=None)")
+        tensor = ops.single(tensors)
+        description = f"recv from any rank (tag {tag}) in group '{self._comm.name}' (rank {self._comm.rank})"
+        return AnySourceWork(self._p2p.recv_any(tensor, tag), tensor, description, self._wait_limit)
 
     # ---- barriers --------------------------------------------------------------------------------
     @translated

@@ -210,3 +210,27 @@ class CollsvcWork(_Work):  # type: ignore[misc]
     def synchronize(self) -> None:
         """Same as :meth:`wait` (CPU results are complete when the transfer is)."""
         self.wait()
+
+
+class AnySourceWork(CollsvcWork):
+    """The Work of a receive from any rank: ``_source_rank()``, which torch's ``recv(src=None)`` asks,
+    names the rank (of the group) whose message arrived."""
+
+    def __init__(
+        self, call: concurrent.futures.Future[Any], output: torch.Tensor, description: str, timeout: float | None
+    ):
+        self._source: int | None = None
+        super().__init__([call], [output], self._note_source, description, timeout)
+
+    def _note_source(self, results: list[Any]) -> None:
+        self._source = int(results[0])
+
+    def _source_rank(self) -> int:
+        """The sender's rank in the group (waits for the receive).
+
+        Raises:
+            DistBackendError: the receive failed (collsvc's error, also a torch error).
+        """
+        self.wait()
+        assert self._source is not None
+        return self._source

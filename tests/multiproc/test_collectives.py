@@ -107,6 +107,22 @@ def point_to_point(comm: collsvc.Communicator) -> None:
     got7 = comm.recv(left, tag=7, shape=(3,), dtype=np.int64)
     got0 = comm.recv(left, tag=0, out=np.empty(3, np.int64))
     assert list(got0) == [left * 10] * 3 and list(got7) == [left * 10 + 7] * 3
+    # recv_any: rank 0 takes messages in arrival order; each sender's stay in order, and a later
+    # recv from a given sender gets the message after the ones recv_any took.
+    if me == 0:
+        seen: dict[int, list[int]] = {}
+        for _ in range(2 * (n - 1)):
+            source, got = comm.recv_any(tag=5, shape=(2,), dtype=np.int64)
+            assert got[0] == source, (source, got)
+            seen.setdefault(source, []).append(int(got[1]))
+        assert seen == {r: [1, 2] for r in range(1, n)}, seen
+        assert list(comm.recv(n - 1, tag=5, shape=(2,), dtype=np.int64)) == [n - 1, 3]
+        with pytest.raises(collsvc.CollectiveTimeoutError, match="no message from any other rank") as caught:
+            comm.recv_any(tag=6, shape=(1,), dtype=np.int64, timeout=0.2)
+        assert caught.value.ranks == list(range(1, n))
+    else:
+        for count in (1, 2, 3) if me == n - 1 else (1, 2):
+            comm.send(np.array([me, count], np.int64), 0, tag=5)
 
 
 def async_fused_objects_groups(comm: collsvc.Communicator) -> None:

@@ -153,6 +153,22 @@ def _point_to_point(rank: int, n: int) -> None:
         y = torch.zeros(2, dtype=torch.int64)
         dist.recv(y, src=0)
         assert y.tolist() == [7, 8]
+    # recv without a source: rank 0 takes each other rank's message in arrival order.
+    if rank == 0:
+        sources = []
+        for i in range(n - 1):
+            z = torch.zeros(1)
+            if i % 2 == 0:
+                source = dist.recv(z, tag=9)
+            else:
+                work = dist.irecv(z, tag=9)
+                work.wait()
+                source = work._source_rank()
+            assert z.item() == 10.0 * source, (source, z)
+            sources.append(source)
+        assert sorted(sources) == list(range(1, n))
+    else:
+        dist.send(torch.tensor([10.0 * rank]), dst=0, tag=9)
 
 
 def _objects_groups_and_work(rank: int, n: int) -> None:

@@ -128,3 +128,23 @@ def test_a_refused_peer_is_explained_by_a_failure_that_arrived_meanwhile() -> No
     failed = RankFailedError("rank 1 died", [1])
     threading.Timer(0.05, box.fail, args=(failed,)).start()
     assert box.explain(0) is failed
+
+
+def test_first_present_returns_the_key_that_arrived_and_leaves_its_frame() -> None:
+    box = Mailbox()
+    waiting, arrived = (99, 1, 0, 1), (42, 1, 0, 2)
+    header, payload = frames.decode(frame(b"xy", src=2, seq=1, step=0), max_payload=64)
+    box.deposit(header, payload)
+    assert box.first_present([waiting, arrived], time.monotonic() + 5) == arrived
+    assert box.take(arrived, time.monotonic() + 1) is not None  # still there for the receive
+    assert box.first_present([waiting], time.monotonic() + 0.05) is None
+
+
+def test_first_present_raises_when_every_sender_left() -> None:
+    box = Mailbox()
+    left = RankFailedError("rank 1 left", [1])
+    box.depart([1], left)
+    box.depart([2], RankFailedError("rank 2 left", [2]))
+    with pytest.raises(RankFailedError) as caught:
+        box.first_present([(42, 1, 0, 1), (42, 1, 0, 2)], time.monotonic() + 5)
+    assert caught.value is left

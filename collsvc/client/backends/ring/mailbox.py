@@ -89,6 +89,30 @@ class Mailbox:
                     return None
                 self._cond.wait(min(remaining, wake_at - time.monotonic()))
 
+    def first_present(self, keys: list[FrameKey], deadline: float) -> FrameKey | None:
+        """Waits until a frame of one of ``keys`` arrived and returns that key (the frame stays here for
+        :meth:`take`), or None when ``deadline`` passed first. Keys earlier in the list win ties.
+
+        Raises:
+            BaseException: the failure recorded by :meth:`fail`; the first departure among the keys'
+                senders when every one of them left.
+        """
+        with self._cond:
+            while True:
+                for key in keys:
+                    if key in self._frames:
+                        return key
+                wake_at = self._settle_unreachable()
+                if self._failure is not None:
+                    raise self._failure
+                gone = [self._departed[key[3]] for key in keys if key[3] in self._departed]
+                if keys and len(gone) == len(keys):
+                    raise gone[0]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(min(remaining, wake_at - time.monotonic()))
+
     def _doomed(self, stream: str, seq: int, members: tuple[int, ...]) -> BaseException | None:
         # In the order they left: the first departure is the cause, later ones may be its victims.
         for rank, error in self._departed.items():
