@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import selectors
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from collsvc import _rank_processes  # noqa: E402
 from collsvc.bench import plot, run_bench, size_range  # noqa: E402
 from collsvc.bench_protocol import CACHE_BYTES, COLLECTIVES, MAX_BUFFERS, MIN_BUFFERS, median_of_repeats  # noqa: E402
 
@@ -48,50 +48,21 @@ RUN_TIMEOUT = 600.0
 
 
 def wait_ranks(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    """Waits for every rank to exit; returns when all exited 0.
-
-    Woken by each rank's stderr closing (the process ended), so the first failure is reported at once
-    rather than after its peers time out.
+    """Waits for every gloo rank to exit 0 (:func:`collsvc._rank_processes.wait_ranks`, for gloo's ranks).
 
     Raises:
         RuntimeError: a rank exited non-zero (its stderr's tail is in the message).
         TimeoutError: ``timeout`` seconds passed first.
         ValueError: a process was started without ``stderr=subprocess.PIPE``.
     """
-    deadline = time.monotonic() + timeout
-    stderr_tail = [b""] * len(procs)
-    with selectors.DefaultSelector() as selector:
-        for rank, proc in enumerate(procs):
-            if proc.stderr is None:
-                raise ValueError("wait_ranks needs stderr=subprocess.PIPE")
-            selector.register(proc.stderr.fileno(), selectors.EVENT_READ, rank)
-        while selector.get_map():
-            ready = selector.select(timeout=max(deadline - time.monotonic(), 0.0))
-            if not ready:
-                missing = sorted(key.data for key in selector.get_map().values())
-                raise TimeoutError(f"gloo ranks {missing} still running after {timeout:.0f} s")
-            for key, _ in ready:
-                rank = key.data
-                chunk = os.read(key.fd, 1 << 16)
-                if chunk:
-                    stderr_tail[rank] = (stderr_tail[rank] + chunk)[-4000:]
-                    continue
-                selector.unregister(key.fd)
-                try:
-                    # It closed stderr: it is exiting (1 s of grace even past the deadline).
-                    returncode = procs[rank].wait(timeout=max(deadline - time.monotonic(), 1.0))
-                except subprocess.TimeoutExpired:
-                    raise TimeoutError(f"gloo rank {rank} closed stderr but did not exit") from None
-                if returncode:
-                    tail = stderr_tail[rank].decode(errors="replace")
-                    raise RuntimeError(f"gloo rank {rank} exited {procs[rank].returncode}: {tail}")
+    _rank_processes.wait_ranks(procs, timeout, label="gloo rank")
 
 
 def run_gloo(n: int, op: str, sizes: list[int], iters: int, warmup: int) -> list[dict[str, Any]]:
     """One run of benchmarks/gloo_worker.py on ``n`` local ranks; one row per size.
 
     Raises:
-        RuntimeError / TimeoutError: see :func:`wait_ranks`.
+        RuntimeError / TimeoutError: see :func:`collsvc._rank_processes.run_ranks`.
     """
     with tempfile.TemporaryDirectory(prefix="compare-gloo-") as folder:
         result = os.path.join(folder, "rows.json")
@@ -105,27 +76,12 @@ def run_gloo(n: int, op: str, sizes: list[int], iters: int, warmup: int) -> list
             "timeout": RUN_TIMEOUT,
         }
         env = dict(os.environ, GLOO_BENCH=json.dumps(config), WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(ROOT / "benchmarks/gloo_worker.py")],
-                env=dict(env, RANK=str(rank)),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            for rank in range(n)
-        ]
-        try:
-            wait_ranks(procs, RUN_TIMEOUT)
-            with open(result, encoding="utf-8") as handle:
-                rows: list[dict[str, Any]] = json.load(handle)
-            return rows
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-                if proc.stderr is not None:
-                    proc.stderr.close()
+        argv = [sys.executable, str(ROOT / "benchmarks/gloo_worker.py")]
+        ranks = [dict(env, RANK=str(rank)) for rank in range(n)]
+        _rank_processes.run_ranks(argv, ranks, RUN_TIMEOUT, label="gloo rank")
+        with open(result, encoding="utf-8") as handle:  # rank 0 writes it (benchmarks/gloo_worker.py)
+            rows: list[dict[str, Any]] = json.load(handle)
+        return rows
 
 
 def parse_sizes(text: str) -> list[int]:

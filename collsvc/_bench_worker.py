@@ -1,7 +1,7 @@
 """One rank of ``collsvc bench`` (configured through the COLLSVC_BENCH environment variable).
 
 Every size is measured with collsvc/bench_protocol.py, the protocol torch gloo's ranks use too in
-benchmarks/compare_gloo.py; rank 0 writes the rows to the file the configuration names.
+benchmarks/compare_gloo.py; rank 0 writes the rows as one JSON line on its stdout.
 """
 
 from __future__ import annotations
@@ -147,8 +147,7 @@ def main() -> int:
     if comm.rank == 0:
         if config["progress"]:
             print(file=sys.stderr)
-        with open(config["result"], "w", encoding="utf-8") as handle:
-            json.dump(rows, handle)
+        print(json.dumps(rows), flush=True)  # the last line of rank 0's stdout: what collsvc.bench reads
     return 0
 
 

@@ -1,7 +1,8 @@
 """``collsvc bench``: an nccl-tests style table for one collective over a range of sizes.
 
-The parent starts an embedded coordinator and N rank processes (``python -m collsvc._bench_worker``);
-rank 0 writes the measurements to a JSON file the parent turns into the table. Every size follows the
+The parent starts an embedded coordinator and N rank processes (``python -m collsvc._bench_worker``,
+through collsvc/_rank_processes.py, as benchmarks/compare_gloo.py starts gloo's ranks); rank 0 writes
+the measurements as one JSON line on its stdout, which the parent turns into the table. Every size follows the
 protocol of collsvc/bench_protocol.py, the one the gloo comparison (benchmarks/compare_gloo.py) uses
 for both libraries: a barrier before each call, an iteration's time is the slowest rank's, p50 and p99
 over ``--iters`` iterations, 2 to 8 distinct buffer sets in rotation (all_reduce, broadcast and reduce
@@ -15,11 +16,10 @@ import argparse
 import json
 import os
 import secrets
-import subprocess
 import sys
-import tempfile
 from typing import Any
 
+from collsvc._rank_processes import run_ranks
 from collsvc.bench_protocol import COLLECTIVES
 
 OPS = COLLECTIVES
@@ -71,7 +71,8 @@ def run_bench(
     """Runs the benchmark on ``n`` local ranks and returns one row per size.
 
     Raises:
-        RuntimeError: a rank failed (its output is in the message).
+        RuntimeError: a rank failed (its stderr's tail is in the message).
+        TimeoutError: the ranks ran longer than ``timeout`` seconds in all.
     """
     from collsvc.server.app import CoordinatorThread
     from collsvc.types import CoordinatorOptions
@@ -79,8 +80,6 @@ def run_bench(
     token = secrets.token_urlsafe(24)
     coordinator = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=token))
     port = coordinator.start()
-    fd, result_path = tempfile.mkstemp(prefix="collsvc-bench-", suffix=".json")
-    os.close(fd)
     config = {
         "op": op,
         "sizes": sizes,
@@ -89,46 +88,28 @@ def run_bench(
         "warmup": warmup,
         "device": device,
         "check": check,
-        "result": result_path,
         "progress": progress,
     }
-    procs = []
+    job_env = dict(
+        os.environ,
+        COLLSVC_COORDINATOR=f"127.0.0.1:{port}",
+        COLLSVC_WORLD_SIZE=str(n),
+        COLLSVC_TOKEN=token,
+        COLLSVC_BENCH=json.dumps(config),
+        COLLSVC_BACKEND=backend,
+    )
+    envs = [dict(job_env, COLLSVC_RANK=str(rank), COLLSVC_LOCAL_RANK=str(rank)) for rank in range(n)]
     try:
-        for rank in range(n):
-            env = dict(
-                os.environ,
-                COLLSVC_COORDINATOR=f"127.0.0.1:{port}",
-                COLLSVC_WORLD_SIZE=str(n),
-                COLLSVC_RANK=str(rank),
-                COLLSVC_LOCAL_RANK=str(rank),
-                COLLSVC_TOKEN=token,
-                COLLSVC_BENCH=json.dumps(config),
-                COLLSVC_BACKEND=backend,
-            )
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "collsvc._bench_worker"],
-                    env=env,
-                    stdout=None if rank == 0 else subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )
-            )
-        failures = []
-        for rank, proc in enumerate(procs):
-            _, err = proc.communicate(timeout=timeout)
-            if proc.returncode:
-                failures.append(f"rank {rank} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
-        if failures:
-            raise RuntimeError("benchmark failed:\n" + "\n".join(failures))
-        with open(result_path, encoding="utf-8") as handle:
-            rows: list[dict[str, Any]] = json.load(handle)
-        return rows
+        stdout = run_ranks([sys.executable, "-m", "collsvc._bench_worker"], envs, timeout)
+    except RuntimeError as exc:
+        raise RuntimeError(f"benchmark failed: {exc}") from exc
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
         coordinator.stop()
-        os.unlink(result_path)
+    lines = stdout.splitlines()
+    if not lines:
+        raise RuntimeError("benchmark failed: rank 0 exited 0 without writing its rows")
+    rows: list[dict[str, Any]] = json.loads(lines[-1])  # rank 0's last line (collsvc/_bench_worker.py)
+    return rows
 
 
 def format_table(rows: list[dict[str, Any]], n: int, op: str) -> str:
@@ -197,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
             check=args.check,
             progress=progress,
         )
-    except RuntimeError as exc:
+    except (RuntimeError, TimeoutError) as exc:
         print(f"collsvc bench: {exc}", file=sys.stderr)
         return 1
     if args.json:

@@ -32,6 +32,7 @@ from typing import Any
 from collsvc._embedded_coordinator import EmbeddedCoordinator
 from collsvc._output import LinePump, write_line
 from collsvc._parent_watch import wrap_command
+from collsvc._rank_processes import RankProcess, Supervision, describe_exit
 from collsvc.config import COORDINATOR_READY_ENV, thread_defaults
 from collsvc.failure_report import REPORT_DIR_ENV, failure_summary, read_reports
 
@@ -97,18 +98,6 @@ class LaunchSpec:
         return self.min_ranks is not None or self.max_restarts > 0
 
 
-def describe_exit(returncode: int) -> str:
-    """``"exit code 3"`` or ``"killed by signal SIGKILL (9)"`` for a ``Popen.returncode``."""
-    if returncode >= 0:
-        return f"exit code {returncode}"
-    signum = -returncode
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
-    return f"killed by signal {name} ({signum})"
-
-
 def rank_env(
     base: Mapping[str, str], spec: LaunchSpec, coordinator: str, token: str | None, local_rank: int
 ) -> dict[str, str]:
@@ -138,14 +127,6 @@ def rank_env(
     return env
 
 
-@dataclasses.dataclass
-class _Rank:
-    rank: int
-    process: subprocess.Popen[bytes]
-    pumps: tuple[LinePump, LinePump]
-    returncode: int | None = None
-
-
 class Launcher:
     """Starts and supervises the local ranks of one ``collsvc run``.
 
@@ -160,7 +141,7 @@ class Launcher:
         self.host = host or os.environ.get("COLLSVC_HOST") or socket.gethostname()
         self._say = out or (lambda text: write_line(sys.stderr, text + "\n"))
         self._events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()
-        self._ranks: list[_Rank] = []
+        self._ranks: list[RankProcess] = []
         self._signalled: int | None = None
         self._failed_order: list[int] = []  # ranks that exited non-zero, in the order they did
         self._failed_unstopped: set[int] = set()  # ... not because the launcher stopped them
@@ -190,40 +171,48 @@ class Launcher:
     # -- processes -------------------------------------------------------------------------------
 
     def _spawn(self, coordinator: str, token: str | None) -> None:
-        # Each rank dies with this process even when it is SIGKILLed (see collsvc/_parent_watch.py). Linux
-        # ties that to the thread that starts the rank: this one, which supervises the ranks until they exit.
-        command = wrap_command(self.spec.command, os.getpid())
         for local_rank in range(self.spec.nproc):
             if self._signalled:
                 return
             rank = self.spec.node_rank * self.spec.nproc + local_rank
             env = rank_env(os.environ, self.spec, coordinator, token, local_rank)
-            if self._report_dir is not None:
-                env[REPORT_DIR_ENV] = self._report_dir
             ready = self.embedded.ready_signal if self.embedded is not None else None
             if ready is not None:  # the ranks wait for it (see collsvc/_embedded_coordinator.py)
                 env[COORDINATOR_READY_ENV] = ready[1]
-            process = subprocess.Popen(
-                command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group: stopping a rank stops its children
-                pass_fds=(ready[0],) if ready is not None else (),
-            )
-            assert process.stdout is not None and process.stderr is not None
-            prefix = f"[rank {rank}] "
-            pumps = (
-                LinePump(process.stdout, sys.stdout, prefix),
-                LinePump(process.stderr, sys.stderr, prefix),
-            )
-            for pump in pumps:
-                pump.start()
-            self._ranks.append(_Rank(rank, process, pumps))
-            threading.Thread(
-                target=self._wait_one, args=(rank, process), name=f"collsvc-wait rank {rank}", daemon=True
-            ).start()
+            self._start_process(rank, f"rank {rank}", env, pass_fds=(ready[0],) if ready is not None else ())
+
+    def _start_process(
+        self, ident: int, label: str, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+    ) -> RankProcess:
+        """Starts one process of ``spec.command``; its output lines are copied prefixed ``[label]``.
+
+        Raises:
+            OSError: the process could not be started.
+        """
+        if self._report_dir is not None:
+            env[REPORT_DIR_ENV] = self._report_dir
+        # The process dies with this one even when it is SIGKILLed (see collsvc/_parent_watch.py). Linux
+        # ties that to the thread that starts it: this one, which supervises the ranks until they exit.
+        process = subprocess.Popen(
+            wrap_command(self.spec.command, os.getpid()),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: stopping a rank stops its children
+            pass_fds=pass_fds,
+        )
+        assert process.stdout is not None and process.stderr is not None
+        prefix = f"[{label}] "
+        pumps = (LinePump(process.stdout, sys.stdout, prefix), LinePump(process.stderr, sys.stderr, prefix))
+        for pump in pumps:
+            pump.start()
+        entry = RankProcess(ident, process, pumps)
+        self._ranks.append(entry)
+        threading.Thread(
+            target=self._wait_one, args=(ident, process), name=f"collsvc-wait {label}", daemon=True
+        ).start()
+        return entry
 
     def _wait_one(self, rank: int, process: subprocess.Popen[bytes]) -> None:
         self._events.put(("exit", rank, process.wait()))
@@ -271,62 +260,68 @@ class Launcher:
             entry.process.wait()
 
     def _supervise(self) -> int:
-        pending = {entry.rank for entry in self._ranks}
-        by_rank = {entry.rank: entry for entry in self._ranks}
-        failed: _Rank | None = None
-        stopped_by: int | None = None  # signal number that stopped the launcher
-        timed_out = False
-        now = time.monotonic()
-        job_deadline = now + self.spec.timeout if self.spec.timeout else None
-        kill_deadline: float | None = None
-        give_up: float | None = None
-
-        def begin_stop() -> None:
-            nonlocal kill_deadline
-            if kill_deadline is None and give_up is None:
-                self._signal_all(signal.SIGTERM)
-                kill_deadline = time.monotonic() + self.spec.grace
-
+        job_deadline = time.monotonic() + self.spec.timeout if self.spec.timeout else None
+        run = Supervision({entry.rank: entry for entry in self._ranks}, job_deadline)
         if self._signalled:  # a signal came while the ranks were being started
-            stopped_by = self._signalled
-            begin_stop()
-        while pending:
-            deadlines = [d for d in (job_deadline, kill_deadline, give_up) if d is not None]
+            run.stopped_by = self._signalled
+            self._begin_stop(run)
+        while run.running:
+            entry = self._next_exit(run)
+            if entry is None:
+                break  # unkillable (uninterruptible sleep): report what we know
+            self._on_exit(run, entry)
+        self._drain_output()
+        return self._summarize(run)
+
+    def _begin_stop(self, run: Supervision) -> None:
+        if not run.stopping:
+            self._signal_all(signal.SIGTERM)
+            run.kill_deadline = time.monotonic() + self.spec.grace
+
+    def _next_exit(self, run: Supervision) -> RankProcess | None:
+        """Waits for the next rank to exit, handling signals and deadlines meanwhile.
+
+        Returns:
+            The rank that exited (removed from ``run.running``, its ``returncode`` set), or None when
+            SIGKILLed ranks did not exit within ``_AFTER_KILL_WAIT`` seconds.
+        """
+        while True:
+            deadlines = [d for d in (run.job_deadline, run.kill_deadline, run.give_up) if d is not None]
             wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             try:
                 kind, rank, value = self._events.get(timeout=wait)
             except queue.Empty:
                 now = time.monotonic()
-                if give_up is not None and now >= give_up:
-                    break  # unkillable (uninterruptible sleep): report what we know
-                if kill_deadline is not None and now >= kill_deadline:
+                if run.give_up is not None and now >= run.give_up:
+                    return None
+                if run.kill_deadline is not None and now >= run.kill_deadline:
                     self._signal_all(signal.SIGKILL)
-                    kill_deadline, give_up = None, now + _AFTER_KILL_WAIT
-                if job_deadline is not None and now >= job_deadline:
-                    job_deadline = None
-                    if failed is None and stopped_by is None:
-                        timed_out = True
-                    begin_stop()
+                    run.kill_deadline, run.give_up = None, now + _AFTER_KILL_WAIT
+                if run.job_deadline is not None and now >= run.job_deadline:
+                    run.job_deadline = None
+                    run.timed_out = not run.cause_known
+                    self._begin_stop(run)
                 continue
-            if kind == "signal":
-                if stopped_by is None and failed is None and not timed_out:
-                    stopped_by = value
-                if kill_deadline is not None:  # a second Ctrl-C: do not wait out the grace period
-                    kill_deadline = time.monotonic()
-                begin_stop()
-                continue
-            pending.discard(rank)
-            by_rank[rank].returncode = value
-            if value != 0:
-                self._failed_order.append(rank)
-                # Dying of a signal the launcher itself sent is not failing by itself.
-                if not any(value in (-signum, 128 + signum) for signum in self._signals_sent):
-                    self._failed_unstopped.add(rank)
-            if value != 0 and failed is None and stopped_by is None and not timed_out:
-                failed = by_rank[rank]
-                begin_stop()
-        self._drain_output()
-        return self._summarize(failed, stopped_by, timed_out)
+            if kind == "exit":
+                entry = run.running.pop(rank)
+                entry.returncode = value
+                return entry
+            if not run.cause_known:
+                run.stopped_by = value
+            if run.kill_deadline is not None:  # a second Ctrl-C: do not wait out the grace period
+                run.kill_deadline = time.monotonic()
+            self._begin_stop(run)
+
+    def _on_exit(self, run: Supervision, entry: RankProcess) -> None:
+        """A rank exited: the first failure stops the job (the elastic launcher replaces this policy)."""
+        if entry.returncode:
+            self._failed_order.append(entry.rank)
+            # Dying of a signal the launcher itself sent is not failing by itself.
+            if not any(entry.returncode in (-signum, 128 + signum) for signum in self._signals_sent):
+                self._failed_unstopped.add(entry.rank)
+            if not run.cause_known:
+                run.failed = entry
+                self._begin_stop(run)
 
     def _drain_output(self) -> None:
         # The ranks are gone; their pipes reach EOF unless a stray child still holds them open.
@@ -335,7 +330,8 @@ class Launcher:
             for pump in entry.pumps:
                 pump.join(max(0.0, deadline - time.monotonic()))
 
-    def _summarize(self, failed: _Rank | None, stopped_by: int | None, timed_out: bool) -> int:
+    def _summarize(self, run: Supervision) -> int:
+        failed, stopped_by = run.failed, run.stopped_by
         if failed is not None and failed.returncode is not None:
             reports = read_reports(self._report_dir) if self._report_dir else {}
             exits = {e.rank: describe_exit(e.returncode) for e in self._ranks if e.returncode is not None}
@@ -348,7 +344,7 @@ class Launcher:
             count = len(self._ranks)
             self._say(f"collsvc run: interrupted by {name}; stopped {count} rank(s) on host {self.host}")
             return 128 + stopped_by
-        if timed_out:
+        if run.timed_out:
             self._say(
                 f"collsvc run: the job ran longer than --timeout {self.spec.timeout:g} s; "
                 f"stopped {len(self._ranks)} rank(s) on host {self.host}"

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from collsvc.client.backends.ring.grpc_transport import channel_credentials, keepalive_options
+from collsvc.client.backends.grpc_options import channel_credentials, keepalive_options
 from collsvc.types import TlsFiles
 
 # A rank may dial before its coordinator listens; gRPC's default 1 s reconnect backoff would dominate

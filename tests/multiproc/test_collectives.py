@@ -116,13 +116,17 @@ def point_to_point(comm: collsvc.Communicator) -> None:
             assert got[0] == source, (source, got)
             seen.setdefault(source, []).append(int(got[1]))
         assert seen == {r: [1, 2] for r in range(1, n)}, seen
-        assert list(comm.recv(n - 1, tag=5, shape=(2,), dtype=np.int64)) == [n - 1, 3]
         with pytest.raises(collsvc.CollectiveTimeoutError, match="no message from any other rank") as caught:
             comm.recv_any(tag=6, shape=(1,), dtype=np.int64, timeout=0.2)
         assert caught.value.ranks == list(range(1, n))
     else:
-        for count in (1, 2, 3) if me == n - 1 else (1, 2):
+        for count in (1, 2):
             comm.send(np.array([me, count], np.int64), 0, tag=5)
+    comm.barrier()  # the third message below must not race the others' second ones into recv_any
+    if me == n - 1:
+        comm.send(np.array([me, 3], np.int64), 0, tag=5)
+    elif me == 0:
+        assert list(comm.recv(n - 1, tag=5, shape=(2,), dtype=np.int64)) == [n - 1, 3]
 
 
 def async_fused_objects_groups(comm: collsvc.Communicator) -> None:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from collsvc.client.backends.base import Call
+from collsvc.client.backends.base import Backend, Call
 from collsvc.client.backends.nccl.blocks import Blocks, ptr
 from collsvc.client.backends.nccl.dtypes import Mode, ReducePlan, describe, plan_reduction
 from collsvc.client.backends.nccl.group_comm import (
@@ -390,3 +390,6 @@ class NcclBackend:
             raise BackendUnavailableError(
                 f"{call.signature.op} on the nccl backend needs NCCL >= 2.7 send/recv (version code {self._version})"
             )
+
+
+_CHECKED_AGAINST_THE_PROTOCOL: type[Backend] = NcclBackend  # mypy checks every method against Backend

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.base import Call, Channel, GroupSpec, mismatch_error
+from collsvc.client.backends.base import Backend, Call, Channel, GroupSpec, mismatch_error
 from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring import algorithms
 from collsvc.client.backends.ring.topology import Topology, plan
@@ -333,3 +333,6 @@ def global_mismatch(call: Call, local: tuple[int, ...], error: CollectiveMismatc
     }
     details[call.group.ranks[call.group.index]] = call.signature.describe()
     return mismatch_error(call, details)
+
+
+_CHECKED_AGAINST_THE_PROTOCOL: type[Backend] = RingBackend  # mypy checks every method against Backend
