@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -90,14 +89,7 @@ class Communicator:
     def _check_usable(self) -> None:
         if self._closed or self._job.closed:
             raise CollsvcError(f"communicator '{self.name}' is closed")
-        self._job.failure.check()
-        departed = self._job.departed
-        if departed:
-            # In the order they left: the first departure is the cause, later ones may be its victims
-            # (a member whose call failed because of it, and which then ended).
-            for rank, error in list(departed.items()):
-                if rank in self._members:
-                    raise error
+        self._job.check_usable(self._members)
 
     def _next_seq(self, stream: str) -> int:
         with self._lock:
@@ -123,24 +115,7 @@ class Communicator:
         job = self._job
 
         def execute() -> Any:
-            job.failure.check()
-            limit = job.options.timeout if timeout is None else timeout
-            call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)
-            record = job.progress.start(stream, seq, description)
-            span = job.recorder.start(call)
-            try:
-                if gpu_context is None:
-                    result = body(call, backend)
-                else:
-                    with gpu_context():
-                        result = body(call, backend)
-            except CollsvcError as exc:
-                job.progress.finish(record, type(exc).__name__)
-                job.recorder.finish(span, type(exc).__name__)
-                raise job.on_failure(call, exc) from exc
-            job.progress.finish(record)
-            job.recorder.finish(span)
-            return result
+            return job.execute(group, stream, seq, signature, timeout, body, backend, gpu_context)
 
         if async_op:
             return Work(self._job.executor.submit(execute), f"{description} #{seq} in group '{self.name}'")

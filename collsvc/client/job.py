@@ -7,21 +7,25 @@ communicator and every sub-communicator made from it.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import os
-import socket
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
-from collsvc.client.backends.base import Backend, Call
+from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.backends.reduction import reducing_ns
 from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.client.coordinator_channel import wait_for_launch_signal
+from collsvc.client.departures import Departures
+from collsvc.client.devices import choose_backend, local_device
 from collsvc.client.failure_state import FailureState
 from collsvc.client.heartbeat import Watcher
+from collsvc.client.peer_address import peer_binding
 from collsvc.client.progress import ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.client.work import OrderedExecutor
@@ -41,58 +45,6 @@ from collsvc.types import InitOptions, Limits
 log = logging.getLogger(__name__)
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def split_address(address: str) -> tuple[str, int | None]:
-    """``host:port`` (or ``[v6]:port``, or a bare host) -> (host, port or None)."""
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else None
-    if address.count(":") == 1:
-        host, port = address.split(":")
-        return host, int(port)
-    return address, None
-
-
-def peer_binding(options: InitOptions) -> tuple[str, str]:
-    """(address to bind the peer endpoint on, host peers should dial).
-
-    A loopback coordinator means a single-host job: bind loopback only. Otherwise bind every interface
-    and advertise ``COLLSVC_ADVERTISE_ADDRESS`` or the local address that routes to the coordinator.
-    """
-    coordinator_host, coordinator_port = split_address(options.coordinator)
-    if options.advertise_address:
-        advertised, _ = split_address(options.advertise_address)
-        return ("127.0.0.1" if _is_loopback(coordinator_host) and _is_loopback(advertised) else "0.0.0.0"), advertised
-    if _is_loopback(coordinator_host):
-        return "127.0.0.1", "127.0.0.1"
-    try:
-        # A UDP "connect" sends nothing; it asks the kernel which local address routes there.
-        family = socket.AF_INET6 if ":" in coordinator_host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((coordinator_host, coordinator_port or 29400))
-            local = str(probe.getsockname()[0])
-    except OSError:
-        local = socket.gethostbyname(socket.gethostname())
-    return "0.0.0.0", local
-
-
-def _device(local_rank_hint: int | None) -> common_pb2.DeviceIdentity:
-    try:
-        from collsvc.client.devices import local_device
-    except ImportError:
-        return common_pb2.DeviceIdentity(kind="cpu")
-    device: common_pb2.DeviceIdentity = local_device(local_rank_hint)
-    return device
-
-
 class Job:
     """One joined job in this process."""
 
@@ -102,56 +54,34 @@ class Job:
         client: CoordinatorClient,
         join: coordinator_pb2.JoinResponse,
         members: list[common_pb2.Member],
+        *,
         server: PeerServer,
         mailbox: Mailbox,
+        transport: GrpcTransport,
+        ring: RingBackend,
+        failure: FailureState,
+        departed: Departures,
+        progress: ProgressTracker,
+        recorder: CallRecorder,
+        watcher: Watcher,
     ) -> None:
         self.options = options
         self.client = client
         self.rank = join.rank
         self.join = join
-        self.members = sorted(members, key=lambda m: m.rank)
+        self.members = members
         self.server = server
         self.mailbox = mailbox
-        self.failure = FailureState()
-        self.failure.add_listener(mailbox.fail)
-        self.progress = ProgressTracker()
-        self.recorder = CallRecorder(
-            options.job_id, join.rank, options.host, timeline_target(), reduce_clock=reducing_ns
-        )
-        self.executor = OrderedExecutor(f"collsvc-r{join.rank}")
-        self.transport = GrpcTransport(
-            join.rank,
-            {m.rank: m.peer_address for m in self.members},
-            {m.rank: m.host for m in self.members},
-            mailbox,
-            token=options.token,
-            tls=options.tls,
-            max_message_bytes=Limits().max_message_bytes,
-        )
-        local_groups = None
-        if options.shared_memory:
-            local_groups = LocalGroups(f"{options.job_id}|{join.job_incarnation}", options.timeout)
-        self.ring = RingBackend(
-            self.transport.channel,
-            hosts=self.hosts,
-            local_groups=local_groups,
-            hierarchical=options.hierarchical,
-            small_bytes=options.small_bytes,
-            rooted_agreement=options.rooted_agreement,
-        )
-        self.nccl: Backend | None = None  # NcclBackend, checked against the protocol by mypy
+        self.transport = transport
+        self.ring = ring
+        self.nccl: Backend | None = None  # set by start() when the job runs on NCCL
         self.backend_name = "ring"
-        self.watcher = Watcher(
-            client,
-            join.rank,
-            interval=options.heartbeat_interval,
-            progress=self.progress,
-            failure=self.failure,
-            departed=self._departed,
-            coordinator_grace=options.coordinator_grace,
-            stats=self.recorder.stats.snapshot,
-        )
-        self.departed: dict[int, RankFailedError] = {}
+        self.failure = failure
+        self.departed = departed
+        self.progress = progress
+        self.recorder = recorder
+        self.watcher = watcher
+        self.executor = OrderedExecutor(f"collsvc-r{join.rank}")
         self.closed = False
 
     @property
@@ -171,10 +101,6 @@ class Job:
         self.failure.add_listener(self._write_flight_recorder)  # after waking every waiter: file I/O
 
     def _choose_backend(self) -> None:
-        try:
-            from collsvc.client.devices import choose_backend
-        except ImportError:
-            return
         name, reason = choose_backend(self.options.backend, self.members, self.rank)
         log.info("job %s rank %d: backend %s (%s)", self.options.job_id, self.rank, name, reason)
         if name == "nccl":
@@ -206,12 +132,6 @@ class Job:
         tag = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=2).digest(), "little")
         self.client.barrier(group, self.rank, (1 << 40) + (tag << 20) + count, timeout)
 
-    def _departed(self, ranks: list[int], error: RankFailedError, finished: dict[int, dict[str, int]]) -> None:
-        for rank in ranks:
-            self.departed.setdefault(rank, error)
-        self.mailbox.depart(ranks, error, finished)
-        self.ring.depart(ranks, error, finished)  # shared-memory waiters too, not only the gRPC mailbox
-
     def _abort_backends(self, error: BaseException) -> None:
         self.ring.abort(error)
         if self.nccl is not None:
@@ -219,6 +139,51 @@ class Job:
 
     def backend_for(self, on_gpu: bool) -> Backend:
         return self.nccl if on_gpu and self.nccl is not None else self.ring
+
+    def check_usable(self, members: frozenset[int]) -> None:
+        """Raises the job's failure, or the first departure among ``members`` (the cause; later ones
+        may be its victims: members whose call failed because of it, and which then ended)."""
+        self.failure.check()
+        if self.departed:
+            error = self.departed.first_among(members)
+            if error is not None:
+                raise error
+
+    def execute(
+        self,
+        group: GroupSpec,
+        stream: str,
+        seq: int,
+        signature: Signature,
+        timeout: float | None,
+        body: Callable[[Call, Backend], Any],
+        backend: Backend,
+        gpu_context: Callable[[], AbstractContextManager[Any]] | None,
+    ) -> Any:
+        """Runs one numbered call now, on this thread: its deadline starts here; its progress and
+        timeline span are recorded; a failure is mapped by :meth:`on_failure`.
+
+        Raises:
+            CollsvcError: the job's failure before the call, or what the call failed with.
+        """
+        self.failure.check()
+        limit = self.options.timeout if timeout is None else timeout
+        call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)
+        record = self.progress.start(stream, seq, signature.text)
+        span = self.recorder.start(call)
+        try:
+            if gpu_context is None:
+                result = body(call, backend)
+            else:
+                with gpu_context():
+                    result = body(call, backend)
+        except CollsvcError as exc:
+            self.progress.finish(record, type(exc).__name__)
+            self.recorder.finish(span, type(exc).__name__)
+            raise self.on_failure(call, exc) from exc
+        self.progress.finish(record)
+        self.recorder.finish(span)
+        return result
 
     def on_failure(self, call: Call, error: CollsvcError) -> CollsvcError:
         """Turns a failed call into the error every caller sees, and tells the others.
@@ -249,7 +214,7 @@ class Job:
 
     def _departure(self, error: RankFailedError) -> bool:
         """Whether ``error`` only says that members left cleanly (no failure recorded meanwhile)."""
-        return self.failure.error() is None and bool(error.ranks) and all(rank in self.departed for rank in error.ranks)
+        return self.failure.error() is None and self.departed.all_gone(error.ranks)
 
     def _timeout_error(self, call: Call, error: CollectiveTimeoutError) -> CollectiveTimeoutError:
         waiting = error.waiting_on
@@ -331,7 +296,7 @@ def connect(options: InitOptions) -> Job:
     peer_address = f"[{advertise_host}]:{server.port}" if ":" in advertise_host else f"{advertise_host}:{server.port}"
     started = time.monotonic()
     try:
-        device = _device(options.local_rank_hint)  # probes CuPy: slow where it is installed
+        device = local_device(options.local_rank_hint)  # probes CuPy: slow where it is installed
         if launch_signal is not None:
             wait_for_launch_signal(launch_signal, options.join_timeout or options.timeout)
             client.connect_ahead(options.heartbeat_interval)
@@ -344,7 +309,7 @@ def connect(options: InitOptions) -> Job:
             pid=os.getpid(),
             local_rank_hint=options.local_rank_hint,
         )
-        job = Job(options, client, join, client.members(), server, mailbox)
+        job = _assemble(options, client, join, client.members(), server, mailbox)
     except BaseException:
         server.stop(0)
         client.close()
@@ -366,3 +331,67 @@ def connect(options: InitOptions) -> Job:
     if len(job.members) != options.world_size:
         raise RendezvousError(f"coordinator returned {len(job.members)} members for a world of {options.world_size}")
     return job
+
+
+def _assemble(
+    options: InitOptions,
+    client: CoordinatorClient,
+    join: coordinator_pb2.JoinResponse,
+    members: list[common_pb2.Member],
+    server: PeerServer,
+    mailbox: Mailbox,
+) -> Job:
+    """Builds a joined job's parts and the :class:`Job` that holds them (nothing starts yet)."""
+    members = sorted(members, key=lambda m: m.rank)
+    failure = FailureState()
+    failure.add_listener(mailbox.fail)
+    progress = ProgressTracker()
+    recorder = CallRecorder(options.job_id, join.rank, options.host, timeline_target(), reduce_clock=reducing_ns)
+    hosts = {m.rank: m.host for m in members}
+    transport = GrpcTransport(
+        join.rank,
+        {m.rank: m.peer_address for m in members},
+        hosts,
+        mailbox,
+        token=options.token,
+        tls=options.tls,
+        max_message_bytes=Limits().max_message_bytes,
+    )
+    local_groups = None
+    if options.shared_memory:
+        local_groups = LocalGroups(f"{options.job_id}|{join.job_incarnation}", options.timeout)
+    ring = RingBackend(
+        transport.channel,
+        hosts=hosts,
+        local_groups=local_groups,
+        hierarchical=options.hierarchical,
+        small_bytes=options.small_bytes,
+        rooted_agreement=options.rooted_agreement,
+    )
+    # The mailbox and the shared-memory groups both hold waits that a departure can doom.
+    departed = Departures([mailbox, ring])
+    watcher = Watcher(
+        client,
+        join.rank,
+        interval=options.heartbeat_interval,
+        progress=progress,
+        failure=failure,
+        departed=departed.record,
+        coordinator_grace=options.coordinator_grace,
+        stats=recorder.stats.snapshot,
+    )
+    return Job(
+        options,
+        client,
+        join,
+        members,
+        server=server,
+        mailbox=mailbox,
+        transport=transport,
+        ring=ring,
+        failure=failure,
+        departed=departed,
+        progress=progress,
+        recorder=recorder,
+        watcher=watcher,
+    )

@@ -79,7 +79,7 @@ class JobHandle:
     def departed(self) -> Mapping[int, RankFailedError]:
         """Members that left the job cleanly, in the order they left, each with the error a call that
         needed it raises (a copy)."""
-        return dict(self._job.departed)
+        return self._job.departed.as_dict()
 
     def leave_now(self) -> None:
         """Tells the coordinator this member leaves, and nothing else (safe in a signal handler: it takes

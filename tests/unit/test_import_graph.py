@@ -44,6 +44,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "collsvc.client.heartbeat",
             "collsvc.client.rendezvous",
             "collsvc.client.join_report",
+            "collsvc.client.departures",
+            "collsvc.client.peer_address",
             "collsvc.client.reconnect",
             "collsvc.client.coordinator_channel",
             "collsvc.client.progress",
