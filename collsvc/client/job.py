@@ -234,7 +234,8 @@ class Job:
         limit = self.options.timeout if call.timeout is None else call.timeout  # barrier(timeout=...)
         return CollectiveTimeoutError(
             f"{call.signature.op} #{call.seq} in group '{call.group.name}' timed out after "
-            f"{limit:g}s on rank {self.rank}; waiting on rank{'s' if len(waiting) > 1 else ''} {named}",
+            f"{limit:g}s on rank {self.rank} (the timeout of this call); "
+            f"waiting on rank{'s' if len(waiting) > 1 else ''} {named}",
             waiting,
         )
 

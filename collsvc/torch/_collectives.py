@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from collsvc.torch import _sparse
 from collsvc.torch._work import Finished, Finisher, future_of
 from collsvc.types import ReduceOp
 
@@ -176,6 +177,8 @@ def all_reduce(comm: Issuer, tensors: list[torch.Tensor], op: Any) -> Parts:
     red, factor = reduce_op(op)
     if not tensors:
         raise ValueError("allreduce needs at least one tensor")
+    if _sparse.is_sparse(tensors):
+        return _sparse.all_reduce(comm.comm, tensors, red, factor)
     views = [t.detach() for t in tensors]
     if factor is not None:
         for v in views:

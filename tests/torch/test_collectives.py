@@ -19,6 +19,16 @@ def _reductions(rank: int, n: int) -> None:
     import torch
     import torch.distributed as dist
 
+    # Sparse COO (nn.Embedding(sparse=True) gradients): summed as gloo does, in place.
+    sparse = torch.sparse_coo_tensor([[rank, 3]], [1.0, float(rank)], (n + 4,))
+    dist.all_reduce(sparse)
+    want = torch.zeros(n + 4)
+    want[:n] += 1.0
+    want[3] += float(sum(range(n)))
+    assert sparse.is_sparse and torch.equal(sparse.to_dense(), want), sparse
+    empty = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros(0), (5,))
+    dist.all_reduce(empty)
+    assert empty._nnz() == 0
     ranks = torch.arange(1, n + 1, dtype=torch.float64)
     expected = {
         dist.ReduceOp.SUM: ranks.sum(),
