@@ -60,7 +60,9 @@ def all_reduce(
         all_indices = torch.as_tensor(comm.all_gather(_padded(indices, longest)))
         all_values = torch.as_tensor(comm.all_gather(_padded(values, longest)))
         keep = torch.cat([torch.arange(r * longest, r * longest + c) for r, c in enumerate(counts)])
-        summed = torch.sparse_coo_tensor(all_indices[keep].t(), all_values[keep], local.size()).coalesce()
+        # Checked: a rank whose tensor has another size sends indices out of this one's range.
+        entries = (all_indices[keep].t(), all_values[keep], local.size())
+        summed = torch.sparse_coo_tensor(*entries, check_invariants=True).coalesce()
     else:
         summed = local
     with torch.no_grad():

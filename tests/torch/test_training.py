@@ -139,3 +139,38 @@ def test_ddp_and_fsdp2_match_gloo_two_ranks() -> None:
 def test_ddp_and_hsdp_on_a_2d_mesh_four_ranks() -> None:
     result = run_torch(ddp_and_fsdp, 4, args=(["default"], False, True), timeout=240)
     _assert_same(result.values)
+
+
+def sparse_embedding_ddp(rank: int, n: int) -> tuple[list[float], list[float]]:
+    """DDP of a model with sparse gradients (nn.Embedding(sparse=True)), on collsvc and on gloo."""
+    import torch
+    import torch.distributed as dist
+
+    gloo = dist.new_group(backend="gloo")
+    world = dist.distributed_c10d._get_default_group()
+
+    def train(group: Any) -> list[float]:
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 8, sparse=True), torch.nn.Flatten(), torch.nn.Linear(32, 1))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(100 + rank)
+        losses = []
+        for _ in range(20):
+            words = torch.randint(0, 50, (16, 4), generator=generator)
+            target = words.float().mean(dim=1, keepdim=True) / 50.0
+            loss = torch.nn.functional.mse_loss(ddp(words), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    return train(world), train(gloo)  # DDP hands the embedding's sparse gradient to allreduce as is
+
+
+def test_ddp_with_sparse_gradients_matches_gloo() -> None:
+    result = run_torch(sparse_embedding_ddp, 2, timeout=240)
+    for ours, theirs in result.values:
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-7)
+        assert sum(ours[-5:]) < sum(ours[:5])  # it trains
