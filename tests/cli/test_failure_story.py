@@ -74,7 +74,9 @@ def test_a_shape_mismatch_names_both_shapes(tmp_path: Path, ranks: int, shm: str
 
 
 def test_blame_goes_to_the_rank_the_victims_name() -> None:
-    timeout = "all_reduce #2 in group 'world' timed out after 2s on rank 0 (the timeout of this call); waiting on rank 1"
+    timeout = (
+        "all_reduce #2 in group 'world' timed out after 2s on rank 0 (the timeout of this call); waiting on rank 1"
+    )
     reports = {
         0: Report(0, "CollectiveTimeoutError", timeout, [{"rank": 1, "host": "a"}]),
         2: Report(2, "CollectiveTimeoutError", timeout, [{"rank": 1, "host": "a"}]),
