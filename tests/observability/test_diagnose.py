@@ -117,7 +117,8 @@ def test_a_rank_stuck_elsewhere_is_named_with_its_own_last_call(tmp_path: Path) 
     ok = {"group": "world", "seq": 4, "op": "all_reduce(float32[8], SUM)", "started": 1.0, "seconds": 0.1}
     write(
         0,
-        "CollectiveTimeoutError(\"all_reduce #5 in group 'world' timed out after 2s on rank 0 (the timeout of this call); waiting on rank 1 "
+        "CollectiveTimeoutError(\"all_reduce #5 in group 'world' timed out after 2s on rank 0 "
+        "(the timeout of this call); waiting on rank 1 "
         '(h1; last completed: all_reduce(float32[8], SUM))")',
         [{**ok, "outcome": "ok"}, {**ok, "seq": 5, "started": 2.0, "outcome": "CollectiveTimeoutError"}],
     )
