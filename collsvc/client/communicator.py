@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from collsvc.arrays import adapt
 from collsvc.client import any_source, bucketing, objects, ops
 from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.devices import caller_gpu_context
@@ -87,7 +88,7 @@ class Communicator:
 
     # ---- infrastructure -------------------------------------------------------------------------
     def _check_usable(self) -> None:
-        if self._closed or self._job.closed:
+        if self.closed:
             raise CollsvcError(f"communicator '{self.name}' is closed")
         self._job.check_usable(self._members)
 
@@ -229,7 +230,7 @@ class Communicator:
             ValueError: bad tag or arguments (as :meth:`recv`), a GPU ``out`` on the NCCL backend.
             CollectiveTimeoutError: no message within ``timeout`` (default: the communicator's).
         """
-        if out is not None and self._view.gpu_backend and getattr(out, "__cuda_array_interface__", None) is not None:
+        if out is not None and self._view.gpu_backend and adapt(out, name="out").on_gpu:
             raise ValueError("recv_any cannot receive into a GPU array on the NCCL backend (NCCL needs a source)")
         self._check_usable()
         limit = self._job.options.timeout if timeout is None else timeout

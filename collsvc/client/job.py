@@ -6,6 +6,7 @@ communicator and every sub-communicator made from it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -84,8 +85,9 @@ class Job:
         self.executor = OrderedExecutor(f"collsvc-r{join.rank}")
         self.closed = False
 
-    @property
+    @functools.cached_property
     def hosts(self) -> dict[int, str]:
+        """Global rank -> host name of every member (the member table does not change)."""
         return {m.rank: m.host for m in self.members}
 
     def start(self) -> None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
     from collsvc.client.communicator import Communicator
+
+T = TypeVar("T")
 
 
 class PointToPoint:
@@ -38,8 +41,22 @@ class PointToPoint:
     def _check(self, peer: int, tag: int, what: str) -> None:
         if isinstance(peer, bool) or not 0 <= peer < self._comm.size or peer == self._comm.rank:
             raise ValueError(f"{what}: rank {peer} is not another rank of this group of {self._comm.size}")
-        if tag < 0:
-            raise ValueError(f"{what}: tag must be >= 0, got {tag}")
+        _check_tag(tag, what)
+
+    @staticmethod
+    def _into(tensor: torch.Tensor, receive: Callable[[torch.Tensor], T]) -> Callable[[], T]:
+        """``receive(out)`` into ``tensor``, through a contiguous buffer when ``tensor`` is not one."""
+        target = tensor.detach()
+
+        def run() -> T:
+            if target.is_contiguous():
+                return receive(target)
+            buffer = torch.empty_like(target, memory_format=torch.contiguous_format)
+            result = receive(buffer)
+            target.copy_(buffer)
+            return result
+
+        return run
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> concurrent.futures.Future[Any]:
         """Posts a send of ``tensor`` (its contents at the time of the call) to ``dst``.
@@ -58,16 +75,7 @@ class PointToPoint:
             ValueError: ``src`` is this rank or outside the group, or ``tag`` < 0.
         """
         self._check(src, tag, "recv")
-        target = tensor.detach()
-
-        def receive() -> None:
-            if target.is_contiguous():
-                self._comm.recv(src, tag, out=target)
-            else:
-                target.copy_(
-                    self._comm.recv(src, tag, out=torch.empty_like(target, memory_format=torch.contiguous_format))
-                )
-
+        receive = self._into(tensor, lambda out: self._comm.recv(src, tag, out=out))
         return self._stream("recv", src, tag).submit(receive)
 
     def recv_any(self, tensor: torch.Tensor, tag: int) -> concurrent.futures.Future[Any]:
@@ -76,20 +84,8 @@ class PointToPoint:
         Raises:
             ValueError: ``tag`` < 0.
         """
-        if tag < 0:
-            raise ValueError(f"recv: tag must be >= 0, got {tag}")
-        target = tensor.detach()
-
-        def receive() -> int:
-            if target.is_contiguous():
-                source, _ = self._comm.recv_any(tag, out=target)
-            else:
-                source, data = self._comm.recv_any(
-                    tag, out=torch.empty_like(target, memory_format=torch.contiguous_format)
-                )
-                target.copy_(data)
-            return source
-
+        _check_tag(tag, "recv")
+        receive = self._into(tensor, lambda out: self._comm.recv_any(tag, out=out)[0])
         return self._stream("recv", -1, tag).submit(receive)  # -1: the lane of receives from any rank
 
     def close(self) -> None:
@@ -97,3 +93,8 @@ class PointToPoint:
             pools, self._streams = list(self._streams.values()), {}
         for pool in pools:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _check_tag(tag: int, what: str) -> None:
+    if tag < 0:
+        raise ValueError(f"{what}: tag must be >= 0, got {tag}")

@@ -239,17 +239,19 @@ class GrpcChannel:
         return self._call.group.size
 
     def _record(self, error: CollsvcError, refused: bool = False) -> None:
+        failed = error.ranks if isinstance(error, RankFailedError) else []
+        peer = failed[0] if failed else None
         if self._error is None:
             self._error = error
-            if refused and isinstance(error, RankFailedError) and error.ranks:
-                self._refused_by = error.ranks[0]
+            if refused:
+                self._refused_by = peer
         mailbox = self._transport.mailbox
-        if isinstance(error, RankFailedError) and error.ranks and all(map(mailbox.has_departed, error.ranks)):
+        if failed and all(map(mailbox.has_departed, failed)):
             return  # the peer left cleanly: only this call fails (flush raises), other groups go on
-        if refused and isinstance(error, RankFailedError) and error.ranks:
+        if refused and peer is not None:
             # The peer's process is gone. If it left the job, the coordinator knew before its endpoint
             # closed, and that news names the cause: wait for it a little before failing every waiter.
-            mailbox.unreachable(error.ranks[0], error, DEPARTURE_NEWS_GRACE)
+            mailbox.unreachable(peer, error, DEPARTURE_NEWS_GRACE)
             return
         # A failed delivery means the peer is unreachable: wake this rank's waiters now.
         mailbox.fail(error)

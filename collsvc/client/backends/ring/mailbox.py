@@ -76,10 +76,7 @@ class Mailbox:
                     raise self._failure
                 departed = self._departed.get(key[3])
                 if departed is not None:
-                    # The awaited sender left; but a member that left before it, without finishing this
-                    # call, is the cause (the sender may have ended because of it).
-                    earlier = self._doomed(*waiter) if waiter is not None else None
-                    raise earlier if earlier is not None else departed
+                    raise self._cause(departed, waiter)
                 if waiter is not None:
                     doomed = self._doomed(*waiter)
                     if doomed is not None:
@@ -97,21 +94,25 @@ class Mailbox:
             BaseException: the failure recorded by :meth:`fail`; the first departure among the keys'
                 senders when every one of them left.
         """
-        with self._cond:
-            while True:
-                for key in keys:
-                    if key in self._frames:
-                        return key
-                wake_at = self._settle_unreachable()
-                if self._failure is not None:
-                    raise self._failure
-                gone = [self._departed[key[3]] for key in keys if key[3] in self._departed]
-                if keys and len(gone) == len(keys):
-                    raise gone[0]
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._cond.wait(min(remaining, wake_at - time.monotonic()))
+        found: list[FrameKey] = []
+
+        def arrived() -> bool:  # runs under the lock, in wait_until
+            for key in keys:
+                if key in self._frames:
+                    found.append(key)
+                    return True
+            gone = [self._departed[key[3]] for key in keys if key[3] in self._departed]
+            if keys and len(gone) == len(keys) and self._failure is None:
+                raise gone[0]
+            return False
+
+        return found[0] if self.wait_until(arrived, deadline) else None
+
+    def _cause(self, departed: BaseException, waiter: tuple[str, int, tuple[int, ...]] | None) -> BaseException:
+        """What a call waiting on a sender that left raises: a member that left before it without
+        finishing the call is the cause (the sender may have ended because of it), else ``departed``."""
+        earlier = self._doomed(*waiter) if waiter is not None else None
+        return earlier if earlier is not None else departed
 
     def _doomed(self, stream: str, seq: int, members: tuple[int, ...]) -> BaseException | None:
         # In the order they left: the first departure is the cause, later ones may be its victims.
@@ -160,8 +161,7 @@ class Mailbox:
             while True:
                 departed = self._departed.get(rank)
                 if departed is not None:
-                    earlier = self._doomed(*waiter) if waiter is not None else None
-                    return earlier if earlier is not None else departed
+                    return self._cause(departed, waiter)
                 self._settle_unreachable()
                 pending = self._unreachable.get(rank)
                 if self._failure is not None:
