@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,17 +44,6 @@ from collsvc.bench_protocol import CACHE_BYTES, COLLECTIVES, MAX_BUFFERS, MIN_BU
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 # Seconds one run (every size of one op at one world size) may take, per library.
 RUN_TIMEOUT = 600.0
-
-
-def wait_ranks(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    """Waits for every gloo rank to exit 0 (:func:`collsvc._rank_processes.wait_ranks`, for gloo's ranks).
-
-    Raises:
-        RuntimeError: a rank exited non-zero (its stderr's tail is in the message).
-        TimeoutError: ``timeout`` seconds passed first.
-        ValueError: a process was started without ``stderr=subprocess.PIPE``.
-    """
-    _rank_processes.wait_ranks(procs, timeout, label="gloo rank")
 
 
 def run_gloo(n: int, op: str, sizes: list[int], iters: int, warmup: int) -> list[dict[str, Any]]:

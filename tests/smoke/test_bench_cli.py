@@ -4,23 +4,23 @@
 result passes ``--check``, and the rows carry the shared protocol's p50 and p99. Three ranks, so
 blocked collectives get sizes that are not powers of two. About 2-4 s per run on a 2-core machine.
 
-compare_gloo.py's wait for gloo's ranks reports the first failed rank at once, while its peers still
-wait (gloo's own peers would wait for gloo's timeout).
+The wait for rank processes (collsvc/_rank_processes.py, which compare_gloo.py uses for gloo's ranks)
+reports the first failed rank at once, while its peers still wait (gloo's own peers would wait for
+gloo's timeout).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
-from types import ModuleType
 
 import pytest
 
+from collsvc import _rank_processes
 from collsvc.bench_protocol import COLLECTIVES, layout
-from tests.cli._util import REPO, run_cli
+from tests.cli._util import run_cli
 
 RUN_TIMEOUT = 120.0
 
@@ -49,16 +49,7 @@ def test_bench_table_shows_p50_and_p99() -> None:
     assert row.split()[:5] == ["4096", "1024", "float32", "8", "3"]
 
 
-def load_compare_gloo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compare_gloo", REPO / "benchmarks" / "compare_gloo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_waiting_for_ranks_reports_the_failed_one_while_its_peer_still_waits() -> None:
-    compare_gloo = load_compare_gloo()
     # Rank 0 blocks until its stdin closes (a peer waiting for the failed rank); rank 1 fails.
     waiting = [sys.executable, "-c", "import sys; sys.stdin.read()"]
     failing = [sys.executable, "-c", "import sys; sys.stderr.write('gloo error: boom'); sys.exit(3)"]
@@ -69,7 +60,7 @@ def test_waiting_for_ranks_reports_the_failed_one_while_its_peer_still_waits() -
     started = time.monotonic()
     try:
         with pytest.raises(RuntimeError, match="gloo rank 1 exited 3: gloo error: boom"):
-            compare_gloo.wait_ranks(procs, timeout=60.0)
+            _rank_processes.wait_ranks(procs, 60.0, label="gloo rank")
         assert time.monotonic() - started < 30.0  # not the 60 s timeout
         assert procs[0].poll() is None
     finally:
@@ -80,7 +71,6 @@ def test_waiting_for_ranks_reports_the_failed_one_while_its_peer_still_waits() -
 
 
 def test_waiting_for_ranks_times_out_naming_who_is_left() -> None:
-    compare_gloo = load_compare_gloo()
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"],
         stdin=subprocess.PIPE,
@@ -89,7 +79,7 @@ def test_waiting_for_ranks_times_out_naming_who_is_left() -> None:
     )
     try:
         with pytest.raises(TimeoutError, match=r"gloo ranks \[0\] still running"):
-            compare_gloo.wait_ranks([proc], timeout=0.5)
+            _rank_processes.wait_ranks([proc], 0.5, label="gloo rank")
     finally:
         proc.kill()
         proc.communicate()
