@@ -104,6 +104,9 @@ def _bare_server(port_queue: Any, stop_event: Any, profile: str | None) -> None:
             await event.wait()
             return pb.JoinResponse(rank=rank, world_size=request.world_size)
 
+        async def join_batch(request: Any, context: Any) -> Any:
+            return pb.JoinBatchResponse(members=await asyncio.gather(*(join(m, context) for m in request.members)))
+
         async def barrier(request: Any, context: Any) -> Any:
             return pb.BarrierResponse(complete=True)
 
@@ -116,7 +119,7 @@ def _bare_server(port_queue: Any, stop_event: Any, profile: str | None) -> None:
                 request_deserializer=getattr(pb, f"{name}Request").FromString,
                 response_serializer=getattr(pb, f"{name}Response").SerializeToString,
             )
-            for name, method in (("Join", join), ("Barrier", barrier), ("Leave", leave))
+            for name, method in (("Join", join), ("JoinBatch", join_batch), ("Barrier", barrier), ("Leave", leave))
         }
         server = grpc.aio.server(
             options=[
@@ -142,7 +145,15 @@ def _bare_server(port_queue: Any, stop_event: Any, profile: str | None) -> None:
 
 
 def _worker(
-    address: str, job_id: str, ranks: int, world_size: int, channels: int, go: Any, leave: Any, results: Any
+    address: str,
+    job_id: str,
+    ranks: int,
+    world_size: int,
+    channels: int,
+    per_host: int,
+    go: Any,
+    leave: Any,
+    results: Any,
 ) -> None:
     import gc
 
@@ -157,33 +168,41 @@ def _worker(
     gc.set_threshold(50_000, 20, 20)
     metadata = (("authorization", f"Bearer {TOKEN}"),)
 
-    async def one(stub: Any, index: int) -> Any:
-        reply = await stub.Join(
-            coordinator_pb2.JoinRequest(
-                job_id=job_id,
-                world_size=world_size,
-                host=f"host{index % 64}",
-                pid=(os.getpid() % 10000) * 100000 + index,
-                timeout_s=JOIN_TIMEOUT_S,
-            ),
-            metadata=metadata,
-            timeout=JOIN_TIMEOUT_S + 5,
+    def join_request(index: int, host: str, local: int) -> Any:
+        return coordinator_pb2.JoinRequest(
+            job_id=job_id,
+            world_size=world_size,
+            host=host,
+            pid=(os.getpid() % 10000) * 100000 + index,
+            local_rank_hint=local,
+            timeout_s=JOIN_TIMEOUT_S,
         )
+
+    async def one_host(stub: Any, first: int, count: int) -> list[Any]:
+        """Ranks ``first`` .. ``first + count - 1`` on one simulated host: one Join and one Barrier per
+        rank (``count`` 1), or one JoinBatch and one Barrier on behalf of the host (as a launcher does)."""
+        host = f"host{os.getpid()}-{first}" if per_host > 1 else f"host{first % 64}"
+        if count == 1 and per_host == 1:
+            replies = [await stub.Join(join_request(first, host, 0), metadata=metadata, timeout=JOIN_TIMEOUT_S + 5)]
+        else:
+            batch = coordinator_pb2.JoinBatchRequest(members=[join_request(first + i, host, i) for i in range(count)])
+            replies = list((await stub.JoinBatch(batch, metadata=metadata, timeout=JOIN_TIMEOUT_S + 5)).members)
         barrier = await stub.Barrier(
             coordinator_pb2.BarrierRequest(
                 job_id=job_id,
                 group="world",
-                rank=reply.rank,
-                member_secret=reply.member_secret,
+                rank=replies[0].rank,
+                member_secret=replies[0].member_secret,
                 generation=1,
                 timeout_s=JOIN_TIMEOUT_S,
+                on_behalf_of=[reply.rank for reply in replies[1:]],
             ),
             metadata=metadata,
             timeout=JOIN_TIMEOUT_S + 5,
         )
         if not barrier.complete:
             raise RuntimeError(f"barrier incomplete: {barrier}")
-        return reply
+        return replies
 
     async def depart(stub: Any, reply: Any) -> None:
         request = coordinator_pb2.LeaveRequest(job_id=job_id, rank=reply.rank, member_secret=reply.member_secret)
@@ -198,7 +217,9 @@ def _worker(
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, go.wait)
         cpu_at_go = time.process_time()
-        replies = await asyncio.gather(*(one(stubs[i % channels], i) for i in range(ranks)))
+        hosts = [(first, min(per_host, ranks - first)) for first in range(0, ranks, per_host)]
+        by_host = await asyncio.gather(*(one_host(stubs[i % channels], *host) for i, host in enumerate(hosts)))
+        replies = [reply for host in by_host for reply in host]
         results.put(("done", (time.monotonic(), time.process_time() - cpu_at_go)))
         # Untimed: every rank leaves, so the coordinator drops the job before the next run.
         await loop.run_in_executor(None, leave.wait)
@@ -233,12 +254,16 @@ def _collect(results: Any, count: int, expected: str, timeout: float) -> list[An
     return values
 
 
-def run_once(address: str, job_id: str, world_size: int, procs: int, channels: int, coordinator_pid: int) -> Run:
+def run_once(
+    address: str, job_id: str, world_size: int, procs: int, channels: int, per_host: int, coordinator_pid: int
+) -> Run:
     ctx = mp.get_context("spawn")
     go, leave, results = ctx.Event(), ctx.Event(), ctx.Queue()
     shares = [world_size // procs + (1 if i < world_size % procs else 0) for i in range(procs)]
     workers = [
-        ctx.Process(target=_worker, args=(address, job_id, n, world_size, channels, go, leave, results), daemon=True)
+        ctx.Process(
+            target=_worker, args=(address, job_id, n, world_size, channels, per_host, go, leave, results), daemon=True
+        )
         for n in shares
         if n
     ]
@@ -267,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, required=True, help="simulated ranks in the job")
     parser.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
     parser.add_argument("--channels", type=int, default=4, help="channels per client process (default 4)")
+    parser.add_argument(
+        "--ranks-per-host",
+        type=int,
+        default=1,
+        help="ranks per simulated host: above 1, each host joins in one JoinBatch and passes the barrier in "
+        "one call for all its ranks, as collsvc run's launcher and host barrier do (default 1: a call each)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs (a new job id each); prints the median")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the coordinator's event loop here")
     parser.add_argument(
@@ -289,7 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         rss_before = memory_bytes(coordinator.pid, "VmRSS")
         for i in range(args.repeat):
             run = run_once(
-                address, f"bench-{i}", args.ranks, max(args.procs, 1), max(args.channels, 1), coordinator.pid
+                address,
+                f"bench-{i}",
+                args.ranks,
+                max(args.procs, 1),
+                max(args.channels, 1),
+                max(args.ranks_per_host, 1),
+                coordinator.pid,
             )
             print(
                 f"run {i + 1}: {run.seconds:.3f} s, coordinator CPU {run.coordinator_cpu_s:.3f} s "
@@ -313,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = statistics.median(r.seconds for r in runs)
     cpu = statistics.median(r.coordinator_cpu_s for r in runs)
     print(
-        f"ranks={args.ranks} join+barrier seconds={seconds:.3f} coordinator_cpu_s={cpu:.3f} "
+        f"ranks={args.ranks} ranks_per_host={args.ranks_per_host} join+barrier seconds={seconds:.3f} "
+        f"coordinator_cpu_s={cpu:.3f} "
         f"peak_rss_mib={peak / 2**20:.1f} rss_bytes_per_rank={per_rank:.0f}"
     )
     return 0

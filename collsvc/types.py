@@ -147,7 +147,9 @@ class Limits:
         max_progress_groups: progress entries a member's heartbeat may describe (more are ignored).
         max_joining_jobs_per_client: jobs still gathering members in which one client address has a
             Join waiting; over it, the Join is refused instead of taking a job slot.
-        max_pending_joins_per_client: Join calls one client address may have waiting at once.
+        max_pending_joins_per_client: members one client address may have waiting in Join calls at
+            once (a JoinBatch counts each of its members).
+        max_ranks_per_host: members one JoinBatch may join, and ranks one Barrier may arrive for.
     """
 
     max_world_size: int = 65536
@@ -162,6 +164,7 @@ class Limits:
     max_progress_groups: int = 1024
     max_joining_jobs_per_client: int = 64
     max_pending_joins_per_client: int = 65536
+    max_ranks_per_host: int = 256
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from collsvc.server.request_limits import RequestLimits
-from collsvc.server.services.coordinator import DEFAULT_WAIT_S, SERVICE, CoordinatorServicer, add_coordinator
+from collsvc.server.services.coordinator import SERVICE, CoordinatorServicer, add_coordinator
 from collsvc.server.services.hub import Hub
+from collsvc.server.services.join import DEFAULT_WAIT_S
 from collsvc.types import CoordinatorOptions
 
 if TYPE_CHECKING:  # prometheus-client is imported only when metrics are served

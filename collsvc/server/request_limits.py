@@ -29,11 +29,16 @@ _FIELD_LIMITS: dict[str, str] = {
     "last_op": "max_op_bytes",
 }
 _NAME_LIMIT = "max_name_bytes"
-# The Limits attribute that bounds the entries of each repeated field. Only ``ranks`` is refused when
-# longer; extra progress entries are ignored (a member must not fail for using many groups), and the
-# message budget still bounds them.
-_COUNT_LIMITS: dict[str, str] = {"ranks": "max_world_size", "progress": "max_progress_groups"}
-_REFUSED_WHEN_LONGER = frozenset({"ranks"})
+# The Limits attribute that bounds the entries of each repeated field. Lists of ranks and of members
+# are refused when longer; extra progress entries are ignored (a member must not fail for using many
+# groups), and the message budget still bounds them.
+_COUNT_LIMITS: dict[str, str] = {
+    "ranks": "max_world_size",
+    "progress": "max_progress_groups",
+    "members": "max_ranks_per_host",  # JoinBatchRequest
+    "on_behalf_of": "max_ranks_per_host",  # BarrierRequest
+}
+_REFUSED_WHEN_LONGER = frozenset({"ranks", "members", "on_behalf_of"})
 # Entries assumed for any other repeated field when computing a budget (give a field that needs more
 # its own entry above); a message with more entries still passes while it fits its budget.
 _DEFAULT_COUNT = 64

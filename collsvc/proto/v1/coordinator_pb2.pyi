@@ -67,6 +67,18 @@ class JoinResponse(_message.Message):
     member_secret: str
     def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., num_nodes: _Optional[int] = ..., job_incarnation: _Optional[int] = ..., member_secret: _Optional[str] = ...) -> None: ...
 
+class JoinBatchRequest(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[JoinRequest]
+    def __init__(self, members: _Optional[_Iterable[_Union[JoinRequest, _Mapping]]] = ...) -> None: ...
+
+class JoinBatchResponse(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[JoinResponse]
+    def __init__(self, members: _Optional[_Iterable[_Union[JoinResponse, _Mapping]]] = ...) -> None: ...
+
 class GetMembersRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -82,20 +94,22 @@ class GetMembersResponse(_message.Message):
     def __init__(self, members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_incarnation: _Optional[int] = ...) -> None: ...
 
 class BarrierRequest(_message.Message):
-    __slots__ = ("job_id", "group", "rank", "generation", "timeout_s", "member_secret")
+    __slots__ = ("job_id", "group", "rank", "generation", "timeout_s", "member_secret", "on_behalf_of")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
+    ON_BEHALF_OF_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group: str
     rank: int
     generation: int
     timeout_s: float
     member_secret: str
-    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., timeout_s: _Optional[float] = ..., member_secret: _Optional[str] = ...) -> None: ...
+    on_behalf_of: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ..., generation: _Optional[int] = ..., timeout_s: _Optional[float] = ..., member_secret: _Optional[str] = ..., on_behalf_of: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WaitingMember(_message.Message):
     __slots__ = ("rank", "host", "last_op", "finished_seq")

@@ -39,6 +39,11 @@ class CoordinatorStub:
                 request_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinRequest.SerializeToString,
                 response_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinResponse.FromString,
                 _registered_method=True)
+        self.JoinBatch = channel.unary_unary(
+                '/collsvc.proto.v1.Coordinator/JoinBatch',
+                request_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinBatchRequest.SerializeToString,
+                response_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinBatchResponse.FromString,
+                _registered_method=True)
         self.GetMembers = channel.unary_unary(
                 '/collsvc.proto.v1.Coordinator/GetMembers',
                 request_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetMembersRequest.SerializeToString,
@@ -121,6 +126,14 @@ class CoordinatorServicer:
 
     def Join(self, request, context):
         """Joins a job and waits (up to timeout_s) until all world_size members joined; returns the rank.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinBatch(self, request, context):
+        """Joins several members of one job in one call (a host's launcher for its ranks): each member is
+        admitted as its own Join would be, the call waits once, and the replies come in request order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -231,6 +244,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     request_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinRequest.FromString,
                     response_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinResponse.SerializeToString,
             ),
+            'JoinBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinBatch,
+                    request_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinBatchRequest.FromString,
+                    response_serializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinBatchResponse.SerializeToString,
+            ),
             'GetMembers': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMembers,
                     request_deserializer=collsvc_dot_proto_dot_v1_dot_coordinator__pb2.GetMembersRequest.FromString,
@@ -334,6 +352,33 @@ class Coordinator:
             '/collsvc.proto.v1.Coordinator/Join',
             collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinRequest.SerializeToString,
             collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/collsvc.proto.v1.Coordinator/JoinBatch',
+            collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinBatchRequest.SerializeToString,
+            collsvc_dot_proto_dot_v1_dot_coordinator__pb2.JoinBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

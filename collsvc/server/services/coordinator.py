@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
 
-from collsvc.errors import RendezvousError
+from collsvc.errors import AuthenticationError, RendezvousError
 from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
 from collsvc.server.interceptors import (
     Context,
@@ -25,55 +26,23 @@ from collsvc.server.interceptors import (
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.convert import (
     job_status,
-    join_request,
     progress_tuples,
     reregistration,
     waiting_protos,
 )
 from collsvc.server.services.hub import Hub, JobRuntime, wait_event
+from collsvc.server.services.join import join_members, wait_seconds
 from collsvc.server.services.watch import watch
-from collsvc.server.state.common import NotFoundError
+from collsvc.server.state.common import Member, NotFoundError
+from collsvc.server.state.jobs import Job
 
 log = logging.getLogger(__name__)
 pb = coordinator_pb2
 Events = coordinator_pb2.EventKind
 SERVICE = pb.DESCRIPTOR.services_by_name["Coordinator"]
 
-# Used when a request carries no timeout; the call's own deadline still applies.
-DEFAULT_WAIT_S = 300.0
-# Ranks named in one error message at most (the rest are counted).
-MAX_RANKS_NAMED = 64
 # Every member passing a barrier gets the same answer: serialized once, not once per member.
 BARRIER_PASSED = pb.BarrierResponse(complete=True).SerializeToString()
-
-
-def _wait_seconds(timeout_s: float, context: Context) -> float:
-    """How long a server-side wait may last: the request's timeout, capped by the call deadline."""
-    wait = timeout_s if timeout_s > 0 else DEFAULT_WAIT_S
-    remaining = context.time_remaining()
-    if remaining is not None:
-        wait = min(wait, max(remaining, 0.0))
-    return wait
-
-
-def rank_list(ranks: list[int], limit: int = MAX_RANKS_NAMED) -> str:
-    """``ranks`` as ``[1, 5]``, or its first ``limit`` entries and how many there are in all: an error
-    travels in the call's trailing metadata, which gRPC caps at a few KiB."""
-    if len(ranks) <= limit:
-        return str(ranks)
-    return f"[{', '.join(map(str, ranks[:limit]))}, ...] ({len(ranks)} ranks)"
-
-
-def client_address(peer: str) -> str:
-    """The client's address without its port, from ``context.peer()``: ``"ipv4:10.0.0.5:41234"`` ->
-    ``"10.0.0.5"``, ``"ipv6:[::1]:41234"`` -> ``"::1"`` (an IPv4-mapped one as IPv4); others as given."""
-    scheme, _, rest = peer.partition(":")
-    if scheme == "ipv4":
-        return rest.rpartition(":")[0] or rest
-    if scheme == "ipv6" and rest.startswith("["):
-        host = rest[1 : rest.find("]")]
-        return host.removeprefix("::ffff:") if "." in host else host
-    return peer
 
 
 async def usable(rt: JobRuntime, timeout_s: float, context: Context) -> JobRuntime:
@@ -83,13 +52,30 @@ async def usable(rt: JobRuntime, timeout_s: float, context: Context) -> JobRunti
     Raises:
         RendezvousError: the job is still being rebuilt when the wait ends.
     """
-    if not rt.usable.is_set() and not await wait_event(rt.usable, _wait_seconds(timeout_s, context)):
+    if not rt.usable.is_set() and not await wait_event(rt.usable, wait_seconds(timeout_s, context)):
         missing = [m.rank for m in rt.job.members if not m.registered and not m.gone]
         raise RendezvousError(
             f"job {rt.job.job_id!r} is still being rebuilt after a coordinator restart; "
             f"ranks {missing} have not re-registered yet"
         )
     return rt
+
+
+def host_ranks(job: Job, caller: Member, ranks: Iterable[int]) -> list[int]:
+    """``ranks``, once each member is checked to be on ``caller``'s host (as the members joined): a
+    member arrives at a barrier for others only where they passed a barrier of their own together.
+
+    Raises:
+        AuthenticationError: a rank is not a member of the job, or lives on another host.
+    """
+    members = job.members
+    for rank in ranks:
+        if not 0 <= rank < len(members) or members[rank].host != caller.host:
+            raise AuthenticationError(
+                f"rank {caller.rank} (host {caller.host!r}) may arrive at a barrier only for members of its own "
+                f"host; rank {rank} is not one"
+            )
+    return list(ranks)
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ignore[misc]
@@ -108,41 +94,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
 
     @translate_errors
     async def Join(self, request: Any, context: Context) -> Any:
-        # Counted per client before the job is created, so that joins that never complete cannot take
-        # every job slot (Limits.max_joining_jobs_per_client).
-        client = client_address(context.peer())
-        self.hub.join_quota.admit(client, request.job_id)
-        try:
-            return await self._join(request, context)
-        finally:
-            self.hub.join_quota.release(client, request.job_id)
+        return (await join_members(self.hub, [request], context))[0]
 
-    async def _join(self, request: Any, context: Context) -> Any:
-        rt = self.hub.find_or_create(request.job_id)
-        job = rt.job
-        try:
-            member = job.join(join_request(request))
-        except Exception:
-            self.hub.drop_if_finished(rt)  # a job this very request created must not linger
-            raise
-        if job.complete and not rt.joined.is_set():
-            rt.on_complete()
-        wait = _wait_seconds(request.timeout_s, context)
-        try:
-            completed = await rt.joined.wait(wait)
-        except BaseException:  # the caller went away: its place is free again
-            if job.cancel_join(member):
-                self.hub.drop_if_finished(rt)
-            raise
-        if not completed:
-            joined, missing = job.joined, job.not_joined()
-            if job.cancel_join(member):
-                self.hub.drop_if_finished(rt)
-            raise RendezvousError(
-                f"job {job.job_id!r}: only {joined} of {request.world_size} members joined within {wait:.3g}s"
-                + (f"; ranks that never joined: {rank_list(missing)}" if missing else "")
-            )
-        return rt.join_reply(member)
+    @translate_errors
+    async def JoinBatch(self, request: Any, context: Context) -> Any:
+        return pb.JoinBatchResponse(members=await join_members(self.hub, request.members, context))
 
     @translate_errors
     async def GetMembers(self, request: Any, context: Context) -> bytes:
@@ -153,18 +109,21 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
 
     @translate_errors
     async def Barrier(self, request: Any, context: Context) -> Any:
-        rt, _ = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
+        rt, caller = self.hub.authenticate(request.job_id, request.rank, request.member_secret)
         if not rt.usable.is_set():
             await usable(rt, request.timeout_s, context)
         job, group, generation = rt.job, request.group or "world", request.generation
         key = (group, generation)
-        if job.barrier_arrive(group, generation, request.rank):
+        complete = False
+        for rank in (request.rank, *host_ranks(job, caller, request.on_behalf_of)):
+            complete = job.barrier_arrive(group, generation, rank)
+        if complete:
             rt.complete_barrier(key)
             job.record_barrier_wait(group, 0.0)  # the last to arrive waits for nobody
             return BARRIER_PASSED
         loop = asyncio.get_running_loop()
         arrived = loop.time()
-        deadline = arrived + _wait_seconds(request.timeout_s, context)
+        deadline = arrived + wait_seconds(request.timeout_s, context)
         while True:
             remaining = deadline - loop.time()
             woken = await rt.barrier_event(key).wait(remaining)
@@ -198,7 +157,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         rt = await self._find_or_create(request.job_id, context, request.timeout_s)
         value = rt.job.kv.get(request.key)
         if value is None and request.wait:
-            deadline = asyncio.get_running_loop().time() + _wait_seconds(request.timeout_s, context)
+            deadline = asyncio.get_running_loop().time() + wait_seconds(request.timeout_s, context)
             while value is None:
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0 or not await rt.wait_for_key(request.key, remaining):

@@ -3,8 +3,9 @@
 A Join waits until its job has every member. Joins that never complete (abandoned, misconfigured or
 hostile) keep their job, and so a slot of ``max_jobs``, for as long as they wait. Counting them per
 client address bounds what one client can take: at most ``max_joining_jobs_per_client`` jobs still
-gathering members, and ``max_pending_joins_per_client`` waiting calls in all. A client whose calls
-end (completed, timed out, cancelled, or its connection closed) gets its share back at once.
+gathering members, and ``max_pending_joins_per_client`` waiting members in all (a JoinBatch counts
+each). A client whose calls end (completed, timed out, cancelled, or its connection closed) gets its
+share back at once.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ class JoinQuota:
         """How many Join calls of ``client`` are waiting."""
         return sum(self._waiting.get(client, {}).values())
 
-    def admit(self, client: str, job_id: str) -> None:
-        """Counts one more waiting Join of ``client`` in ``job_id``; pair it with :meth:`release`.
+    def admit(self, client: str, job_id: str, members: int = 1) -> None:
+        """Counts ``members`` more waiting members of ``client`` in ``job_id`` (one Join, or the members
+        of one JoinBatch); pair it with :meth:`release`.
 
         Raises:
             ResourceLimitError: ``client`` already waits in ``max_joining_jobs_per_client`` other jobs,
-                or has ``max_pending_joins_per_client`` calls waiting.
+                or would have more than ``max_pending_joins_per_client`` members waiting.
         """
         jobs = self._waiting.get(client, {})
         limits = self._limits
@@ -43,21 +45,22 @@ class JoinQuota:
                 f"(Limits.max_joining_jobs_per_client = {limits.max_joining_jobs_per_client}); "
                 f"refusing a Join to job {job_id!r} until one of them completes or gives up"
             )
-        if sum(jobs.values()) >= limits.max_pending_joins_per_client:
+        if sum(jobs.values()) + members > limits.max_pending_joins_per_client:
             raise ResourceLimitError(
-                f"client {client} already has {limits.max_pending_joins_per_client} Join calls waiting "
-                f"(Limits.max_pending_joins_per_client)"
+                f"client {client} would have more than {limits.max_pending_joins_per_client} members waiting "
+                f"in Join calls (Limits.max_pending_joins_per_client)"
             )
         self._waiting[client] = jobs
-        jobs[job_id] = jobs.get(job_id, 0) + 1
+        jobs[job_id] = jobs.get(job_id, 0) + members
 
-    def release(self, client: str, job_id: str) -> None:
-        """Forgets one waiting Join of ``client`` in ``job_id`` (it completed, failed or was cancelled)."""
+    def release(self, client: str, job_id: str, members: int = 1) -> None:
+        """Forgets ``members`` waiting members of ``client`` in ``job_id`` (their call completed, failed
+        or was cancelled)."""
         jobs = self._waiting.get(client)
         if jobs is None or job_id not in jobs:
             return
-        jobs[job_id] -= 1
-        if not jobs[job_id]:
+        jobs[job_id] -= members
+        if jobs[job_id] <= 0:
             del jobs[job_id]
         if not jobs:
             del self._waiting[client]

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.broadcast import Broadcast
-from collsvc.server.services.coordinator import rank_list
 from collsvc.server.services.hub import Hub
+from collsvc.server.services.join import rank_list
 from collsvc.server.state.barriers import BarrierBook
 from collsvc.server.state.jobs import Job
 from collsvc.types import CoordinatorOptions, Limits
