@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 from collsvc._embedded_coordinator import EmbeddedCoordinator
+from collsvc._join_relay import JoinRelay, start_relay
 from collsvc._output import LinePump, write_line
 from collsvc._parent_watch import wrap_command
 from collsvc._rank_processes import RankProcess, Supervision, describe_exit
@@ -148,6 +149,7 @@ class Launcher:
         self._signals_sent: set[int] = set()  # signals the launcher sent its ranks
         self._report_dir: str | None = None  # where ranks write why they failed (failure_report)
         self.embedded: EmbeddedCoordinator | None = None  # started once the ranks are (see launch)
+        self._relay: JoinRelay | None = None  # joins the ranks in one call (see run)
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -179,6 +181,7 @@ class Launcher:
             ready = self.embedded.ready_signal if self.embedded is not None else None
             if ready is not None:  # the ranks wait for it (see collsvc/_embedded_coordinator.py)
                 env[COORDINATOR_READY_ENV] = ready[1]
+            env.update(self._relay.environment() if self._relay is not None else {})
             self._start_process(rank, f"rank {rank}", env, pass_fds=(ready[0],) if ready is not None else ())
 
     def _start_process(
@@ -239,6 +242,7 @@ class Launcher:
         """
         previous = self._install_handlers()
         self._report_dir = tempfile.mkdtemp(prefix="collsvc-run-reports-")
+        self._relay = start_relay(self.spec.nproc, self.spec.elastic, coordinator, token, self._say)
         try:
             try:
                 self._spawn(coordinator, token)
@@ -250,6 +254,8 @@ class Launcher:
                 return 1
             return self._supervise()
         finally:
+            if self._relay is not None:
+                self._relay.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             shutil.rmtree(self._report_dir, ignore_errors=True)
@@ -340,8 +346,7 @@ class Launcher:
             code = failed.returncode
             return code if code > 0 else 128 - code
         if stopped_by is not None:
-            name = signal.Signals(stopped_by).name
-            count = len(self._ranks)
+            name, count = signal.Signals(stopped_by).name, len(self._ranks)
             self._say(f"collsvc run: interrupted by {name}; stopped {count} rank(s) on host {self.host}")
             return 128 + stopped_by
         if run.timed_out:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -257,9 +258,14 @@ class Communicator:
 
         def body(call: Call, backend: Backend) -> None:
             # In the data plane where the group allows (shared memory on one host: microseconds, and
-            # a rank that called another collective instead is named as a mismatch); else through
-            # the coordinator, which names who never arrived.
-            if not backend.barrier(call):
+            # a rank that called another collective instead is named as a mismatch; over several
+            # hosts, one coordinator call per host); else through the coordinator, which names who
+            # never arrived.
+            def across_hosts(others: Sequence[int]) -> None:
+                remaining = max(call.deadline - time.monotonic(), 0.001)
+                self._job.client.barrier(self.name, self._job.rank, generation, remaining, on_behalf_of=others)
+
+            if not backend.barrier(call, across_hosts):
                 self._job.client.barrier(self.name, self._job.rank, generation, wait)
 
         self._issue(ops.Planned(Signature.of("barrier", "", ()), body, on_gpu=False), timeout=wait)

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from collsvc.client.backends.grpc_options import channel_credentials, keepalive_options
+from collsvc.errors import AuthenticationError
 from collsvc.types import TlsFiles
 
 # A rank may dial before its coordinator listens; gRPC's default 1 s reconnect backoff would dominate
@@ -114,6 +115,27 @@ class TlsProbe:
                 ):
                     return None
         return detail
+
+    def check(self, address: str, job_id: str, *, uses_tls: bool) -> None:
+        """Fails fast when the coordinator is up but refuses this client's TLS (or its lack of TLS).
+
+        Join waits for the coordinator to come up (wait_for_ready), so a refused handshake would look
+        like an absent coordinator until the whole timeout passed.
+
+        Raises:
+            AuthenticationError: every probe failed the way a TLS refusal does.
+        """
+        detail = self.refusal()
+        if detail is None:
+            return  # up (or not up yet): Join reports or waits as usual
+        hint = (
+            "check that this rank's certificate is signed by the CA the coordinator trusts, that "
+            "COLLSVC_TLS_CA verifies the coordinator's certificate, and that the coordinator serves TLS"
+            if uses_tls
+            else "the coordinator presumably requires mutual TLS: set COLLSVC_TLS_CERT, COLLSVC_TLS_KEY and "
+            "COLLSVC_TLS_CA"
+        )
+        raise AuthenticationError(f"TLS refused by coordinator {address} (job '{job_id}'): {hint} ({detail})")
 
     def cancel(self) -> None:
         """Cancels a call sent ahead and never read."""

@@ -8,17 +8,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
 
 from collsvc.client.coordinator_channel import TlsProbe, heartbeat_keepalive, make_channel
+from collsvc.client.join_relay import RelayedJoin, join_through_relay
 from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
-from collsvc.errors import AuthenticationError, CollectiveTimeoutError, error_from_rpc
+from collsvc.client.relay_wire import RELAY_ENV
+from collsvc.errors import CollectiveTimeoutError, error_from_rpc
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from collsvc.types import TlsFiles
 
@@ -67,6 +70,7 @@ class CoordinatorClient:
         self.member_secret = ""
         self.link = CoordinatorLink()
         self.journal = MemberJournal(job_id)  # what a restarted coordinator needs to hear again
+        self._members_reply: coordinator_pb2.GetMembersResponse | None = None  # from the launcher's relay
 
     def _call(self, method: str, request: Any, what: str, *, timeout: float | None = None, wait: bool = False) -> Any:
         """One coordinator call, sent again while the coordinator restarts (see :meth:`CoordinatorLink.call`)."""
@@ -133,9 +137,13 @@ class CoordinatorClient:
             request.requested_rank = rank
         if local_rank_hint is not None:
             request.local_rank_hint = local_rank_hint
-        self._check_handshake()
+        self._tls_probe.check(self.address, self.job_id, uses_tls=self.tls is not None)
         started = time.monotonic()
         deadline = started + self.join_timeout + SERVER_WAIT_MARGIN
+        relayed = self._join_through_launcher(request, world_size, started, deadline)
+        if relayed is not None:
+            self._members_reply = relayed.members
+            return self._joined(relayed.join)
         while True:
             try:
                 reply = self._join_once(request, world_size, started, deadline)
@@ -146,10 +154,37 @@ class CoordinatorClient:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
                     raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
                 log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
+        return self._joined(reply)
+
+    def _joined(self, reply: coordinator_pb2.JoinResponse) -> coordinator_pb2.JoinResponse:
         self.rank = reply.rank
         self.member_secret = reply.member_secret
         self.journal.joined = reply
         return reply
+
+    def _join_through_launcher(
+        self, request: coordinator_pb2.JoinRequest, world_size: int, started: float, deadline: float
+    ) -> RelayedJoin | None:
+        """Joins through ``collsvc run``'s relay when it names one (see :mod:`collsvc.client.join_relay`);
+        None when there is none or it went away (then this rank joins by itself).
+
+        Raises:
+            the collsvc error the coordinator answered the launcher's batch with.
+        """
+        relay = os.environ.get(RELAY_ENV)
+        if not relay:
+            return None
+
+        def log_wait() -> None:
+            self._log_join_wait(world_size, time.monotonic() - started)
+
+        try:
+            relayed = join_through_relay(relay, request, deadline, log_wait, JOIN_REPORT_INTERVAL)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
+        if relayed is None:
+            log.info("job %s: the launcher's join relay did not answer; joining by itself", self.job_id)
+        return relayed
 
     def _join_once(
         self, request: coordinator_pb2.JoinRequest, world_size: int, started: float, deadline: float
@@ -181,35 +216,19 @@ class CoordinatorClient:
                 what = describe_not_joined(world_size, [m.rank for m in job.members])
                 log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
 
-    def _check_handshake(self) -> None:
-        """Fails fast when the coordinator is up but refuses this client's TLS (or its lack of TLS).
-
-        Join waits for the coordinator to come up (wait_for_ready), so a refused handshake would look
-        like an absent coordinator until the whole timeout passed (see :class:`TlsProbe`).
-
-        Raises:
-            AuthenticationError: every probe failed the way a TLS refusal does.
-        """
-        detail = self._tls_probe.refusal()
-        if detail is None:
-            return  # up (or not up yet): Join reports or waits as usual
-        hint = (
-            "the coordinator presumably requires mutual TLS: set COLLSVC_TLS_CERT, COLLSVC_TLS_KEY and COLLSVC_TLS_CA"
-            if self.tls is None
-            else "check that this rank's certificate is signed by the CA the coordinator trusts, that "
-            "COLLSVC_TLS_CA verifies the coordinator's certificate, and that the coordinator serves TLS"
-        )
-        raise AuthenticationError(f"TLS refused by coordinator {self.address} (job '{self.job_id}'): {hint} ({detail})")
-
     def members(self) -> list[common_pb2.Member]:
-        reply = self._call("GetMembers", coordinator_pb2.GetMembersRequest(job_id=self.job_id), "get members")
+        """The member table of the joined job (the one the launcher fetched with the join, if it did)."""
+        reply, self._members_reply = self._members_reply, None
+        if reply is None:
+            reply = self._call("GetMembers", coordinator_pb2.GetMembersRequest(job_id=self.job_id), "get members")
         for member in reply.members:
             if member.rank == self.rank:
                 self.journal.own_record = member
         return list(reply.members)
 
-    def barrier(self, group: str, rank: int, generation: int, timeout: float) -> None:
-        """Waits until every member of ``group`` entered barrier ``generation``.
+    def barrier(self, group: str, rank: int, generation: int, timeout: float, on_behalf_of: Sequence[int] = ()) -> None:
+        """Waits until every member of ``group`` entered barrier ``generation``; arrives for the members
+        ``on_behalf_of`` too (members of this host that passed a barrier with this one).
 
         Raises:
             CollectiveTimeoutError: ``timeout`` passed; ``waiting_on`` names who never arrived.
@@ -221,6 +240,7 @@ class CoordinatorClient:
             generation=generation,
             timeout_s=timeout,
             member_secret=self.member_secret,
+            on_behalf_of=on_behalf_of,
         )
         reply = self._call(
             "Barrier",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from collsvc.client.backends.base import Backend, Call
@@ -247,7 +247,7 @@ class NcclBackend:
 
     # ----------------------------------------------------------------- lifecycle
 
-    def barrier(self, call: Call) -> bool:
+    def barrier(self, call: Call, across_hosts: Callable[[Sequence[int]], None]) -> bool:
         """No data-plane barrier here: barriers are host-side calls (the ring's or the coordinator's)."""
         return False
 

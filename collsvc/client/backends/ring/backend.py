@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 from collsvc.client.backends.base import Backend, Call, Channel, GroupSpec, mismatch_error
 from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring import algorithms
+from collsvc.client.backends.ring.host_barrier import pass_for_host
 from collsvc.client.backends.ring.topology import Topology, plan
 from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.errors import CollectiveMismatchError
@@ -295,14 +296,29 @@ class RingBackend:
     def recv(self, call: Call, out: np.ndarray, src: int) -> None:
         self._run(call, lambda ch: algorithms.recv(ch, out, src))
 
-    def barrier(self, call: Call) -> bool:
-        """A shared-memory barrier for a group that lives on this host (one hop for two ranks, a
-        central barrier for more: tens of microseconds, not a coordinator round trip); False for
-        groups that span hosts."""
-        shared = self._shared(call, self._topology(call.group))
-        if shared is None:
+    def barrier(self, call: Call, across_hosts: Callable[[Sequence[int]], None]) -> bool:
+        """A barrier in the data plane where shared memory allows: for a group on this host, a
+        shared-memory barrier (tens of microseconds, no coordinator); for a group over several hosts,
+        one coordinator call per host (``host_barrier.pass_for_host``). False, at once, without shared
+        memory: the caller then passes the coordinator's barrier itself."""
+        topo = self._topology(call.group)
+        shared = self._shared(call, topo)
+        digest = call.signature.digest
+        if shared is not None:
+            self._local(call, topo.local if topo else (), lambda: shared.barrier(call.deadline, digest=digest))
+            return True
+        if topo is None or self._local_groups is None or call.group.size == 1:
             return False
-        self._local(call, self._local_ranks(call), lambda: shared.barrier(call.deadline, digest=call.signature.digest))
+        if len(topo.local) == 1:
+            across_hosts(())
+            return True
+        me = call.group.ranks[call.group.index]
+        host = self._local_groups.get(self._sub_call(call, "/host", topo.local, me), topo.local, topo.local_index)
+        self._local(
+            call,
+            topo.local,
+            lambda: pass_for_host(host, topo.local, topo.local_index, across_hosts, call.deadline, digest),
+        )
         return True
 
     def close(self) -> None:
