@@ -38,8 +38,10 @@ class BatchSender:
         self._channel = make_channel(coordinator, tls)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
         self._clock = clock
+        self._connecting = grpc.channel_ready_future(self._channel)  # dials now, not with the first batch
 
     def close(self) -> None:
+        self._connecting.cancel()
         self._channel.close()
 
     def answers(self, requests: list[coordinator_pb2.JoinRequest]) -> list[list[bytes]]:

@@ -133,6 +133,7 @@ class JoinRelay:
                 log.warning("join relay: refused a request: %s", exc)
                 connection.close()
                 continue
+            self._batch_sender()  # its connection opens while the other ranks' requests come in
             with self._lock:
                 if self._closed:
                     connection.close()
