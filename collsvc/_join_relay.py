@@ -82,7 +82,7 @@ class JoinRelay:
         self._ranks = ranks
         self._clock = clock
         self._coordinator, self._token, self._tls = coordinator, token, tls
-        self._sender: BatchSender | None = None  # the gRPC side, made with the first batch
+        self._sender: BatchSender | None = None  # the gRPC side, made with the first request
         self._lock = threading.Condition()
         self._pending: dict[str, _Pending] = {}
         self._sent: dict[str, int] = {}  # job id -> requests sent in batches so far
@@ -185,7 +185,7 @@ class JoinRelay:
             connection.close()
 
     def _batch_sender(self) -> BatchSender:
-        """The gRPC side, loaded with the first batch: the ranks are started by then (see module doc)."""
+        """The gRPC side, loaded with the first request: the ranks are started by then (see module doc)."""
         from collsvc._join_batch import BatchSender
 
         with self._lock:
