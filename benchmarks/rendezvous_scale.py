@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import multiprocessing as mp
 import os
+import random
 import statistics
 import sys
 import time
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 TOKEN = "bench-token"
+HEARTBEAT_INTERVAL = 1.0  # a rank's default (COLLSVC_HEARTBEAT_INTERVAL)
 JOIN_TIMEOUT_S = 120.0
 RESULT_TIMEOUT_S = 600.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -56,13 +59,13 @@ def memory_bytes(pid: int, name: str) -> int:
     raise KeyError(f"{name} missing from /proc/{pid}/status")
 
 
-def _coordinator(port_queue: Any, stop_event: Any, profile: str | None) -> None:
+def _coordinator(port_queue: Any, stop_event: Any, profile: str | None, heartbeat_timeout: float = 3600.0) -> None:
     from collsvc.server.app import serve
     from collsvc.types import CoordinatorOptions
 
     logging.basicConfig(level=os.environ.get("COLLSVC_BENCH_LOG", "WARNING"))
-    # Nobody sends heartbeats here; do not let the monitor fail the simulated ranks.
-    options = CoordinatorOptions(host="127.0.0.1", port=0, token=TOKEN, heartbeat_timeout=3600.0)
+    # Without --heartbeat-seconds nobody sends heartbeats: then the monitor must not fail the ranks.
+    options = CoordinatorOptions(host="127.0.0.1", port=0, token=TOKEN, heartbeat_timeout=heartbeat_timeout)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -80,7 +83,7 @@ def _coordinator(port_queue: Any, stop_event: Any, profile: str | None) -> None:
     profiler.dump_stats(profile)
 
 
-def _bare_server(port_queue: Any, stop_event: Any, profile: str | None) -> None:
+def _bare_server(port_queue: Any, stop_event: Any, profile: str | None, heartbeat_timeout: float = 0.0) -> None:
     """The floor to compare with: a grpc.aio server whose Join only waits until its job is full and
     whose Barrier and Leave answer at once (no token, no limits, no state), under the coordinator
     daemon's gRPC and collector settings: what gRPC itself costs per rank on this machine."""
@@ -151,6 +154,7 @@ def _worker(
     world_size: int,
     channels: int,
     per_host: int,
+    heartbeat_seconds: float,
     go: Any,
     leave: Any,
     results: Any,
@@ -202,11 +206,36 @@ def _worker(
         )
         if not barrier.complete:
             raise RuntimeError(f"barrier incomplete: {barrier}")
+        if heartbeat_seconds > 0:  # as a rank's heartbeats start right after its join
+            streams.extend(asyncio.ensure_future(heartbeats(stub, reply)) for reply in replies)
         return replies
+
+    stop = asyncio.Event()  # set once every rank left: the heartbeat streams then end
+    beats = [0]
+
+    async def heartbeats(stub: Any, reply: Any) -> None:
+        """A Watch stream like a rank's: the first request names the member, then a heartbeat every
+        HEARTBEAT_INTERVAL (the first at a random offset) until ``stop``."""
+
+        async def requests() -> Any:
+            yield coordinator_pb2.WatchRequest(job_id=job_id, rank=reply.rank, member_secret=reply.member_secret)
+            pace = random.uniform(0, HEARTBEAT_INTERVAL)  # as a rank's heartbeat thread paces itself
+            while not stop.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pace)
+                    return
+                beats[0] += 1
+                yield coordinator_pb2.WatchRequest()
+                pace = HEARTBEAT_INTERVAL
+
+        async for _ in stub.Watch(requests(), metadata=metadata):  # the coordinator's events
+            pass
 
     async def depart(stub: Any, reply: Any) -> None:
         request = coordinator_pb2.LeaveRequest(job_id=job_id, rank=reply.rank, member_secret=reply.member_secret)
         await stub.Leave(request, metadata=metadata, timeout=JOIN_TIMEOUT_S)
+
+    streams: list[asyncio.Future[None]] = []
 
     async def main() -> None:
         opened = [grpc.aio.insecure_channel(address) for _ in range(channels)]
@@ -223,8 +252,11 @@ def _worker(
         results.put(("done", (time.monotonic(), time.process_time() - cpu_at_go)))
         # Untimed: every rank leaves, so the coordinator drops the job before the next run.
         await loop.run_in_executor(None, leave.wait)
+        sent_in_window = beats[0]
         await asyncio.gather(*(depart(stubs[i % channels], r) for i, r in enumerate(replies)))
-        results.put(("left", 0.0))
+        stop.set()
+        await asyncio.gather(*streams)
+        results.put(("left", sent_in_window))
         for channel in opened:
             await channel.close(None)
 
@@ -237,11 +269,16 @@ def _worker(
 @dataclass(frozen=True)
 class Run:
     """One timed rendezvous: wall seconds, and the CPU seconds of the coordinator and of all the
-    client processes meanwhile."""
+    client processes meanwhile; with heartbeats, how many were sent and the coordinator's CPU then."""
 
     seconds: float
     coordinator_cpu_s: float
     clients_cpu_s: float
+    heartbeats: int = 0
+    heartbeat_cpu_s: float = 0.0
+    failed_members: int = 0
+    leave_s: float = 0.0  # every rank leaving (untimed part), and the coordinator's CPU meanwhile
+    leave_cpu_s: float = 0.0
 
 
 def _collect(results: Any, count: int, expected: str, timeout: float) -> list[Any]:
@@ -255,14 +292,23 @@ def _collect(results: Any, count: int, expected: str, timeout: float) -> list[An
 
 
 def run_once(
-    address: str, job_id: str, world_size: int, procs: int, channels: int, per_host: int, coordinator_pid: int
+    address: str,
+    job_id: str,
+    world_size: int,
+    procs: int,
+    channels: int,
+    per_host: int,
+    coordinator_pid: int,
+    heartbeat_seconds: float = 0.0,
 ) -> Run:
     ctx = mp.get_context("spawn")
     go, leave, results = ctx.Event(), ctx.Event(), ctx.Queue()
     shares = [world_size // procs + (1 if i < world_size % procs else 0) for i in range(procs)]
     workers = [
         ctx.Process(
-            target=_worker, args=(address, job_id, n, world_size, channels, per_host, go, leave, results), daemon=True
+            target=_worker,
+            args=(address, job_id, n, world_size, channels, per_host, heartbeat_seconds, go, leave, results),
+            daemon=True,
         )
         for n in shares
         if n
@@ -277,14 +323,43 @@ def run_once(
         done = _collect(results, len(workers), "done", RESULT_TIMEOUT_S)
         cpu = cpu_seconds(coordinator_pid) - cpu_before
         end = max([start, *(finished for finished, _ in done)])
+        heartbeat_cpu, failed = 0.0, 0
+        if heartbeat_seconds > 0:
+            # Every rank now heartbeats; measure the coordinator over a fixed window, then ask it
+            # whether it declared anyone failed meanwhile.
+            cpu_before_watch = cpu_seconds(coordinator_pid)
+            time.sleep(heartbeat_seconds)
+            heartbeat_cpu = cpu_seconds(coordinator_pid) - cpu_before_watch
+            failed = _failed_members(address, job_id)
+        left_from, cpu_before_leave = time.monotonic(), cpu_seconds(coordinator_pid)
         leave.set()
-        _collect(results, len(workers), "left", RESULT_TIMEOUT_S)
+        beats = sum(_collect(results, len(workers), "left", RESULT_TIMEOUT_S))
+        leave_s, leave_cpu = time.monotonic() - left_from, cpu_seconds(coordinator_pid) - cpu_before_leave
     finally:
         for w in workers:
             w.join(timeout=10)
             if w.is_alive():
                 w.terminate()
-    return Run(end - start, cpu, sum(client_cpu for _, client_cpu in done))
+    return Run(
+        end - start, cpu, sum(client_cpu for _, client_cpu in done), beats, heartbeat_cpu, failed, leave_s, leave_cpu
+    )
+
+
+def _failed_members(address: str, job_id: str) -> int:
+    """How many members of ``job_id`` the coordinator declared failed (a missed heartbeat, say)."""
+    import grpc
+
+    from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        reply = stub.GetStatus(
+            coordinator_pb2.GetStatusRequest(job_id=job_id),
+            metadata=(("authorization", f"Bearer {TOKEN}"),),
+            timeout=60,
+        )
+    failed = common_pb2.MEMBER_STATE_FAILED
+    return sum(1 for job in reply.jobs for member in job.members if member.state == failed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         help="ranks per simulated host: above 1, each host joins in one JoinBatch and passes the barrier in "
         "one call for all its ranks, as collsvc run's launcher and host barrier do (default 1: a call each)",
     )
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=0.0,
+        help="after the rendezvous, every rank heartbeats on a Watch stream (every 1 s) for this long, and the "
+        "coordinator (heartbeat timeout 5 s, the default) is measured meanwhile (default 0: no heartbeats)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs (a new job id each); prints the median")
     parser.add_argument("--profile", metavar="FILE", help="write a cProfile of the coordinator's event loop here")
     parser.add_argument(
@@ -312,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     port_queue, stop_event = ctx.Queue(), ctx.Event()
     serve = _bare_server if args.bare_grpc else _coordinator
-    coordinator = ctx.Process(target=serve, args=(port_queue, stop_event, args.profile), daemon=True)
+    heartbeat_timeout = 5.0 if args.heartbeat_seconds > 0 else 3600.0
+    coordinator = ctx.Process(target=serve, args=(port_queue, stop_event, args.profile, heartbeat_timeout), daemon=True)
     coordinator.start()
     assert coordinator.pid is not None
     runs: list[Run] = []
@@ -328,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 max(args.channels, 1),
                 max(args.ranks_per_host, 1),
                 coordinator.pid,
+                args.heartbeat_seconds,
             )
             print(
                 f"run {i + 1}: {run.seconds:.3f} s, coordinator CPU {run.coordinator_cpu_s:.3f} s "
@@ -336,6 +420,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"coordinator RSS now {memory_bytes(coordinator.pid, 'VmRSS') / 2**20:.1f} MiB",
                 flush=True,
             )
+            if args.heartbeat_seconds > 0:
+                print(
+                    f"  heartbeats: {run.heartbeats} in all; coordinator CPU {run.heartbeat_cpu_s:.3f} s in "
+                    f"{args.heartbeat_seconds:g} s ({1e6 * run.heartbeat_cpu_s / max(run.heartbeats, 1):.0f} us per "
+                    f"heartbeat); members declared failed: {run.failed_members}; then every rank left in "
+                    f"{run.leave_s:.2f} s (coordinator CPU {run.leave_cpu_s:.2f} s)",
+                    flush=True,
+                )
             runs.append(run)
         peak = memory_bytes(coordinator.pid, "VmHWM")
     finally:

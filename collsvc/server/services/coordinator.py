@@ -263,12 +263,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
 
 
 # Methods that may answer with bytes serialized ahead of time.
-_PRESERIALIZED = frozenset({"GetMembers", "Barrier"})
+_PRESERIALIZED = frozenset({"GetMembers", "Barrier", "Watch"})
 
 
 def add_coordinator(server: grpc.aio.Server, servicer: CoordinatorServicer, *, token: str | None = None) -> None:
-    """Registers ``servicer``; GetMembers and Barrier may answer with bytes serialized ahead of time
-    (the member table once per change, the passed barrier once).
+    """Registers ``servicer``; GetMembers, Barrier and Watch may answer with bytes serialized ahead of
+    time (the member table once per change, the passed barrier once, a job event once for all streams).
 
     Every request is checked against the hub's limits as it is deserialized (size first, then each
     field; see :mod:`collsvc.server.request_limits`). With ``token``, every call must present it

@@ -19,8 +19,9 @@ from collsvc.errors import AuthenticationError
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.broadcast import Broadcast
 from collsvc.server.services.convert import join_reply, members_reply_bytes
+from collsvc.server.services.departure_news import DepartureNews
 from collsvc.server.state.barriers import BarrierKey
-from collsvc.server.state.common import Clock, Member, WaitingInfo
+from collsvc.server.state.common import Clock, Member, MemberState, WaitingInfo
 from collsvc.server.state.credentials import MemberSecrets, member_key
 from collsvc.server.state.jobs import BAD_CREDENTIALS, Job
 from collsvc.server.state.joins import JoinQuota
@@ -57,7 +58,7 @@ class Stream:
 class JobRuntime:
     """What waits on one job: its join, barriers and keys, and its members' Watch streams."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, clock: Clock = time.monotonic) -> None:
         self.job = job
         self.joined = Broadcast()  # set once every member joined (ranks assigned)
         self.barrier_events: dict[BarrierKey, Broadcast] = {}
@@ -69,6 +70,7 @@ class JobRuntime:
         if not job.recovering:
             self.usable.set()
         self.events: list[Any] = []  # every numbered Watch event, replayed to a stream that missed some
+        self.departures = DepartureNews(self._announce_departures, lambda: len(self.streams), clock)
         self._members_cache: tuple[int, bytes] | None = None
         # (group, generation) -> (arrivals then, when, the timed-out reply's waiting list).
         self._barrier_waiting: dict[BarrierKey, tuple[int, float, list[WaitingInfo]]] = {}
@@ -155,13 +157,21 @@ class JobRuntime:
 
         An excluded member (the one failed, the one leaving) is not told now.
         """
+        self.departures.flush()  # a departure that came first is told first
         event.seq = self.job.next_event_seq()
         # A member that left is not told of its own leave, even on replay; a failed member that comes
-        # back is told that it was declared failed.
-        self.events.append((event, frozenset(exclude) if event.kind == Events.EVENT_KIND_MEMBER_LEFT else frozenset()))
+        # back is told that it was declared failed. Members that already left need no departure news.
+        left = event.kind == Events.EVENT_KIND_MEMBER_LEFT
+        self.events.append((event, frozenset(exclude) if left else frozenset()))
+        members = self.job.members
+        payload = event.SerializeToString()  # once, not once per stream
         for rank, stream in self.streams.items():
-            if rank not in exclude:
-                stream.queue.put_nowait(event)
+            if rank in exclude or (left and rank < len(members) and members[rank].state is MemberState.LEFT):
+                continue
+            stream.queue.put_nowait(payload)
+
+    def _announce_departures(self, members: list[Member]) -> None:
+        self.send(_left_event(members, []), exclude={m.rank for m in members})
 
     def replay(self, stream: Stream, after: int) -> None:
         """Queues on ``stream`` every logged event numbered above ``after`` that was meant for it."""
@@ -210,12 +220,13 @@ class Hub:
         self.options = options
         self.registry = Registry(clock=clock, limits=options.limits, secrets=secrets or hub_secrets(options))
         self.join_quota = JoinQuota(options.limits)
+        self._clock = clock
         self._runtimes: dict[str, JobRuntime] = {}
 
     def runtime(self, job: Job) -> JobRuntime:
         rt = self._runtimes.get(job.job_id)
         if rt is None or rt.job is not job:
-            rt = self._runtimes[job.job_id] = JobRuntime(job)
+            rt = self._runtimes[job.job_id] = JobRuntime(job, self._clock)
         return rt
 
     def find(self, job_id: str) -> JobRuntime:
@@ -255,8 +266,12 @@ class Hub:
         """``cause``: ranks whose failure had failed the member's job before it left (named to the others)."""
         if not rt.job.leave(member):
             return
-        # The member's own stream stays open: the client ends it after Leave returns.
-        rt.send(_left_event([member], cause or []), exclude=(member.rank,))
+        # The member's own stream stays open: the client ends it after Leave returns. A departure that
+        # names the ranks that failed the member's job is told at once; plain ones go out in batches.
+        if cause:
+            rt.send(_left_event([member], cause), exclude=(member.rank,))
+        else:
+            rt.departures.add(member)
         rt.wake_barriers()
         self.drop_if_finished(rt)
 

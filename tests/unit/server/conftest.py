@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from collsvc.proto.v1 import coordinator_pb2
+from collsvc.server.services.hub import Stream
 from collsvc.server.state.common import Device
 from collsvc.server.state.credentials import MemberSecrets
 from collsvc.server.state.jobs import Job
@@ -49,3 +52,12 @@ def join(job: Job, world_size: int, host: str = "h", **kw: object) -> object:
     )
     args.update(kw)
     return job.join(JoinRequest(**args))  # type: ignore[arg-type]
+
+
+def drain(stream: Stream) -> list[Any]:
+    """The events queued on ``stream`` so far (job events are queued serialized, once for every stream)."""
+    out = []
+    while not stream.queue.empty():
+        event = stream.queue.get_nowait()
+        out.append(coordinator_pb2.WatchEvent.FromString(event) if isinstance(event, bytes) else event)
+    return out

@@ -7,21 +7,14 @@ import json
 from typing import Any
 
 from collsvc.proto.v1 import coordinator_pb2
-from collsvc.server.services.hub import Hub, Stream
+from collsvc.server.services.hub import Hub
 from collsvc.server.state.common import Device, MemberState
 from collsvc.server.state.roster import JoinRequest
 from collsvc.types import CoordinatorOptions
 
-from .conftest import FakeClock
+from .conftest import FakeClock, drain
 
 Events = coordinator_pb2.EventKind
-
-
-def _drain(stream: Stream) -> list[Any]:
-    out = []
-    while not stream.queue.empty():
-        out.append(stream.queue.get_nowait())
-    return out
 
 
 def _job(hub: Hub, n: int) -> tuple[Any, list[Any]]:
@@ -45,8 +38,8 @@ def test_missed_heartbeats_fail_the_member_and_tell_the_others(clock: FakeClock)
     hub = Hub(CoordinatorOptions(heartbeat_timeout=5.0), clock=clock)
     rt, members = _job(hub, 3)
     streams = [hub.open_stream(rt, m) for m in members]
-    assert [e.kind for e in _drain(streams[0])] == [Events.EVENT_KIND_WATCHING]
-    _drain(streams[1]), _drain(streams[2])
+    assert [e.kind for e in drain(streams[0])] == [Events.EVENT_KIND_WATCHING]
+    drain(streams[1]), drain(streams[2])
     clock.advance(3.0)
     rt.job.heartbeat(members[0])
     rt.job.heartbeat(members[1])
@@ -54,10 +47,10 @@ def test_missed_heartbeats_fail_the_member_and_tell_the_others(clock: FakeClock)
     hub.check_heartbeats()
     assert members[2].state == MemberState.FAILED
     for stream in streams[:2]:
-        (event,) = _drain(stream)
+        (event,) = drain(stream)
         assert event.kind == Events.EVENT_KIND_MEMBER_FAILED
         assert list(event.ranks) == [2] and list(event.hosts) == ["h2"]
-    assert _drain(streams[2]) == []
+    assert drain(streams[2]) == []
 
 
 def test_late_stream_replays_past_failures(clock: FakeClock) -> None:
@@ -65,7 +58,7 @@ def test_late_stream_replays_past_failures(clock: FakeClock) -> None:
     rt, members = _job(hub, 3)
     hub.fail(rt, [1], "crashed")
     hub.abort(rt, members[0], "user abort")
-    events = _drain(hub.open_stream(rt, members[2]))
+    events = drain(hub.open_stream(rt, members[2]))
     # In the order they happened, numbered from 1 (WATCHING belongs to the stream: 0).
     assert [(e.kind, e.seq) for e in events] == [
         (Events.EVENT_KIND_WATCHING, 0),
@@ -79,13 +72,13 @@ def test_a_reconnecting_stream_gets_only_the_events_it_missed(clock: FakeClock) 
     rt, members = _job(hub, 4)
     first = hub.open_stream(rt, members[0])
     hub.leave(rt, members[3])
-    seen = [e.seq for e in _drain(first)]
+    seen = [e.seq for e in drain(first)]
     assert seen == [0, 1]
     hub.fail(rt, [2], "crashed")  # while rank 0 is reconnecting: it must get this one, and only it
-    events = _drain(hub.open_stream(rt, members[0], last_event_seq=1))
+    events = drain(hub.open_stream(rt, members[0], last_event_seq=1))
     assert [(e.kind, e.seq) for e in events] == [(Events.EVENT_KIND_WATCHING, 0), (Events.EVENT_KIND_MEMBER_FAILED, 2)]
     # The member that left is not told of its own leave when it reconnects.
-    assert [e.kind for e in _drain(hub.open_stream(rt, members[3]))] == [
+    assert [e.kind for e in drain(hub.open_stream(rt, members[3]))] == [
         Events.EVENT_KIND_WATCHING,
         Events.EVENT_KIND_MEMBER_FAILED,
     ]
@@ -96,14 +89,14 @@ def test_broken_stream_without_leave_is_a_failure_but_after_leave_is_not(clock: 
     rt, members = _job(hub, 3)
     streams = [hub.open_stream(rt, m) for m in members]
     for s in streams:
-        _drain(s)
+        drain(s)
     hub.leave(rt, members[1])
     hub.close_stream(rt, members[1], streams[1])
     assert members[1].state == MemberState.LEFT
-    assert [e.kind for e in _drain(streams[0])] == [Events.EVENT_KIND_MEMBER_LEFT]
+    assert [e.kind for e in drain(streams[0])] == [Events.EVENT_KIND_MEMBER_LEFT]
     hub.close_stream(rt, members[2], streams[2])
     assert members[2].state == MemberState.FAILED
-    assert [e.kind for e in _drain(streams[0])] == [Events.EVENT_KIND_MEMBER_FAILED]
+    assert [e.kind for e in drain(streams[0])] == [Events.EVENT_KIND_MEMBER_FAILED]
 
 
 def test_job_is_dropped_when_everyone_is_gone(clock: FakeClock) -> None:
@@ -120,10 +113,10 @@ def test_mismatch_reports_are_merged_and_fanned_out(clock: FakeClock) -> None:
     rt, members = _job(hub, 2)
     streams = [hub.open_stream(rt, m) for m in members]
     for s in streams:
-        _drain(s)
+        drain(s)
     hub.mismatch(rt, members[0], "ops differ", {"0": {"op": "all_reduce"}})
     hub.mismatch(rt, members[1], "ops differ", {"1": {"op": "broadcast"}})
-    last = _drain(streams[0])[-1]
+    last = drain(streams[0])[-1]
     assert last.kind == Events.EVENT_KIND_COLLECTIVE_MISMATCH
     assert json.loads(last.details_json) == {"0": {"op": "all_reduce"}, "1": {"op": "broadcast"}}
     assert list(last.ranks) == [0, 1]
@@ -142,5 +135,34 @@ def test_key_waits_are_woken_by_a_write_and_forgotten_after_a_timeout(clock: Fak
         rt.notify_key("k")
         assert await asyncio.wait_for(waiter, 5.0)
         assert rt.key_events == {}
+
+    asyncio.run(main())
+
+
+def test_departures_that_follow_one_another_are_told_together_and_before_later_events(clock: FakeClock) -> None:
+    async def main() -> None:
+        hub = Hub(CoordinatorOptions(), clock=clock)
+        rt, members = _job(hub, 6)
+        streams = [hub.open_stream(rt, m) for m in members]
+        for s in streams:
+            drain(s)
+        hub.leave(rt, members[1])  # nothing told within the spacing: told at once
+        assert [list(e.ranks) for e in drain(streams[0])] == [[1]]
+        hub.leave(rt, members[2])
+        hub.leave(rt, members[3])
+        assert drain(streams[0]) == []  # waiting for the next batch
+        hub.fail(rt, [4], "crashed")  # a later event: the departures before it go first, together
+        events = drain(streams[0])
+        assert [(e.kind, list(e.ranks)) for e in events] == [
+            (Events.EVENT_KIND_MEMBER_LEFT, [2, 3]),
+            (Events.EVENT_KIND_MEMBER_FAILED, [4]),
+        ]
+        assert json.loads(events[0].details_json)["finished"].keys() == {"2", "3"}
+        # Members that left hear no more departures; the one that failed is told it was failed.
+        assert [e.kind for e in drain(streams[1])] == [Events.EVENT_KIND_MEMBER_FAILED]
+        clock.advance(1.0)  # past the spacing: the next departure is told at once again
+        hub.leave(rt, members[5])
+        assert [list(e.ranks) for e in drain(streams[0])] == [[5]]
+        assert drain(streams[1]) == []
 
     asyncio.run(main())

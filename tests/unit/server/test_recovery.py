@@ -9,7 +9,7 @@ import pytest
 
 from collsvc.errors import AuthenticationError, RankFailedError, RendezvousError
 from collsvc.proto.v1 import coordinator_pb2
-from collsvc.server.services.hub import Hub, Stream
+from collsvc.server.services.hub import Hub
 from collsvc.server.state.barriers import BarrierBook
 from collsvc.server.state.common import Device, MemberState
 from collsvc.server.state.credentials import MemberSecrets, member_key
@@ -19,17 +19,10 @@ from collsvc.server.state.recovery import Reregistration
 from collsvc.server.state.roster import JoinRequest
 from collsvc.types import CoordinatorOptions, Limits
 
-from .conftest import FakeClock
+from .conftest import FakeClock, drain
 
 Events = coordinator_pb2.EventKind
 KEY = member_key("job-token")
-
-
-def _drain(stream: Stream) -> list[Any]:
-    out = []
-    while not stream.queue.empty():
-        out.append(stream.queue.get_nowait())
-    return out
 
 
 def _hub(clock: FakeClock, secrets: MemberSecrets | None = None) -> Hub:
@@ -104,7 +97,7 @@ def test_a_member_that_never_reregisters_is_failed_and_the_others_told(clock: Fa
     after.reregister(_report(members[1], rt.job.incarnation, 3), "j")
     streams = [after.open_stream(rebuilt, rebuilt.job.members[r], last_event_seq=4) for r in (0, 1)]
     for stream in streams:
-        _drain(stream)
+        drain(stream)
     clock.advance(3.0)
     for r in (0, 1):
         rebuilt.job.heartbeat(rebuilt.job.members[r])
@@ -114,7 +107,7 @@ def test_a_member_that_never_reregisters_is_failed_and_the_others_told(clock: Fa
     assert job.members[2].state == MemberState.FAILED and job.phase is JobPhase.FAILED
     assert rebuilt.usable.is_set()  # waiters wake up to the failure
     for stream in streams:
-        (event,) = _drain(stream)
+        (event,) = drain(stream)
         assert event.kind == Events.EVENT_KIND_MEMBER_FAILED and list(event.ranks) == [2]
         assert "did not re-register" in event.reason
         assert event.seq == 5  # numbered after the last event the members saw before the restart
