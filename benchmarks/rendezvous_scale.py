@@ -215,18 +215,21 @@ def _worker(
 
     async def heartbeats(stub: Any, reply: Any) -> None:
         """A Watch stream like a rank's: the first request names the member, then a heartbeat every
-        HEARTBEAT_INTERVAL (the first at a random offset) until ``stop``."""
+        HEARTBEAT_INTERVAL, or the longer interval the coordinator asked of a large job (the first at a
+        random offset), until ``stop``."""
+
+        interval = max(HEARTBEAT_INTERVAL, reply.heartbeat_interval_s)  # a large job's pace, as a rank keeps it
 
         async def requests() -> Any:
             yield coordinator_pb2.WatchRequest(job_id=job_id, rank=reply.rank, member_secret=reply.member_secret)
-            pace = random.uniform(0, HEARTBEAT_INTERVAL)  # as a rank's heartbeat thread paces itself
+            pace = random.uniform(0, interval)  # as a rank's heartbeat thread paces itself
             while not stop.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), pace)
                     return
                 beats[0] += 1
                 yield coordinator_pb2.WatchRequest()
-                pace = HEARTBEAT_INTERVAL
+                pace = interval
 
         async for _ in stub.Watch(requests(), metadata=metadata):  # the coordinator's events
             pass

@@ -376,7 +376,7 @@ def _assemble(
     watcher = Watcher(
         client,
         join.rank,
-        interval=options.heartbeat_interval,
+        interval=max(options.heartbeat_interval, join.heartbeat_interval_s),  # the coordinator's pace for large jobs
         progress=progress,
         failure=failure,
         departed=departed.record,

@@ -48,7 +48,7 @@ class JoinRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., requested_rank: _Optional[int] = ..., host: _Optional[str] = ..., peer_address: _Optional[str] = ..., device: _Optional[_Union[_common_pb2.DeviceIdentity, _Mapping]] = ..., pid: _Optional[int] = ..., local_rank_hint: _Optional[int] = ..., timeout_s: _Optional[float] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("rank", "world_size", "local_rank", "local_size", "node_rank", "num_nodes", "job_incarnation", "member_secret")
+    __slots__ = ("rank", "world_size", "local_rank", "local_size", "node_rank", "num_nodes", "job_incarnation", "member_secret", "heartbeat_interval_s")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class JoinResponse(_message.Message):
     NUM_NODES_FIELD_NUMBER: _ClassVar[int]
     JOB_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     local_rank: int
@@ -65,7 +66,8 @@ class JoinResponse(_message.Message):
     num_nodes: int
     job_incarnation: int
     member_secret: str
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., num_nodes: _Optional[int] = ..., job_incarnation: _Optional[int] = ..., member_secret: _Optional[str] = ...) -> None: ...
+    heartbeat_interval_s: float
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., num_nodes: _Optional[int] = ..., job_incarnation: _Optional[int] = ..., member_secret: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class JoinBatchRequest(_message.Message):
     __slots__ = ("members",)

@@ -71,8 +71,9 @@ def member_proto(job: Job, member: Member, *, with_heartbeat: bool) -> Any:
     )
 
 
-def join_reply(job: Job, member: Member) -> Any:
+def join_reply(job: Job, member: Member, heartbeat_interval: float = 0.0) -> Any:
     return coordinator_pb2.JoinResponse(
+        heartbeat_interval_s=heartbeat_interval,
         rank=member.rank,
         world_size=len(job.members),
         local_rank=member.local_rank,

@@ -20,6 +20,7 @@ from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.broadcast import Broadcast
 from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.services.departure_news import DepartureNews
+from collsvc.server.services.heartbeat_pace import pace_for
 from collsvc.server.state.barriers import BarrierKey
 from collsvc.server.state.common import Clock, Member, MemberState, WaitingInfo
 from collsvc.server.state.credentials import MemberSecrets, member_key
@@ -82,9 +83,9 @@ class JobRuntime:
             cache = self._members_cache = (self.job.version, members_reply_bytes(self.job))
         return cache[1]
 
-    def join_reply(self, member: Member) -> Any:
-        """The JoinResponse for ``member`` of the complete job."""
-        return join_reply(self.job, member)
+    def join_reply(self, member: Member, heartbeat_interval: float = 0.0) -> Any:
+        """The JoinResponse for ``member`` of the complete job (``heartbeat_interval``: the job's pace)."""
+        return join_reply(self.job, member, heartbeat_interval)
 
     def barrier_event(self, key: BarrierKey) -> Broadcast:
         """The signal of barrier ``key``: set when it completes, or when a failure wakes every barrier."""
@@ -345,8 +346,8 @@ class Hub:
 
     def check_heartbeats(self) -> None:
         """Fails every member silent for longer than the heartbeat timeout."""
-        timeout = self.options.heartbeat_timeout
         for job in self.registry.jobs():
+            timeout = pace_for(self.options, job.world_size or 0).timeout
             expired = job.expired(timeout)
             silent = [m.rank for m in expired if m.registered]
             if silent:

@@ -14,6 +14,7 @@ from typing import Any
 from collsvc.errors import RendezvousError
 from collsvc.server.interceptors import Context
 from collsvc.server.services.convert import join_request
+from collsvc.server.services.heartbeat_pace import least_interval
 from collsvc.server.services.hub import Hub
 from collsvc.server.state.common import Member
 
@@ -116,4 +117,5 @@ async def _join(hub: Hub, requests: Sequence[Any], context: Context) -> list[Any
             f"job {job.job_id!r}: only {joined} of {requests[0].world_size} members joined within {wait:.3g}s"
             + (f"; ranks that never joined: {rank_list(missing)}" if missing else "")
         )
-    return [rt.join_reply(member) for member in members]
+    interval = least_interval(hub.options, len(job.members))
+    return [rt.join_reply(member, interval) for member in members]

@@ -7,6 +7,12 @@ import json
 from typing import Any
 
 from collsvc.proto.v1 import coordinator_pb2
+from collsvc.server.services.heartbeat_pace import (
+    MAX_HEARTBEATS_PER_SECOND,
+    HeartbeatPace,
+    least_interval,
+    pace_for,
+)
 from collsvc.server.services.hub import Hub
 from collsvc.server.state.common import Device, MemberState
 from collsvc.server.state.roster import JoinRequest
@@ -166,3 +172,22 @@ def test_departures_that_follow_one_another_are_told_together_and_before_later_e
         assert drain(streams[1]) == []
 
     asyncio.run(main())
+
+
+def test_a_large_job_heartbeats_less_often_and_waits_longer_in_proportion(clock: FakeClock) -> None:
+    options = CoordinatorOptions(heartbeat_interval=1.0, heartbeat_timeout=5.0)
+    assert pace_for(options, 8) == HeartbeatPace(1.0, 5.0)
+    assert pace_for(options, int(MAX_HEARTBEATS_PER_SECOND)) == HeartbeatPace(1.0, 5.0)
+    big = int(2 * MAX_HEARTBEATS_PER_SECOND)
+    assert pace_for(options, big) == HeartbeatPace(2.0, 10.0)
+    hub = Hub(options, clock=clock)
+    rt, members = _job(hub, big)
+    assert least_interval(options, big) == 2.0 and least_interval(options, 8) == 0.0  # 0: the member's own pace
+    clock.advance(6.0)  # past the configured timeout, within this job's
+    hub.check_heartbeats()
+    assert all(m.state == MemberState.ALIVE for m in members)
+    rt.job.heartbeat(members[0])
+    clock.advance(4.5)
+    hub.check_heartbeats()
+    assert members[0].state == MemberState.ALIVE
+    assert all(m.state == MemberState.FAILED for m in members[1:])
