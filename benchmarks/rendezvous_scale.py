@@ -13,13 +13,20 @@ must fit in the memory the last one freed.
 
 Usage:
     python benchmarks/rendezvous_scale.py --ranks 1024 [--procs 2] [--channels 4] [--repeat 3]
-        [--profile coordinator.prof] [--bare-grpc]
+        [--ranks-per-host 8] [--heartbeat-seconds 5] [--profile coordinator.prof] [--bare-grpc]
+
+``--ranks-per-host K`` makes each simulated host of K ranks join in one JoinBatch and pass the barrier
+in one call for all of them, as ``collsvc run``'s join relay and host barrier do.
+``--heartbeat-seconds S`` keeps a Watch stream per rank after the rendezvous (heartbeats at a rank's
+pace), measures the coordinator for S seconds, asks it whether it declared anyone failed, and times
+every rank leaving.
 
 ``--bare-grpc`` puts a grpc.aio server that does nothing but answer in the coordinator's place: the
 per-rank cost of gRPC itself, which no coordinator change can go below.
 
-The last line printed is ``ranks=N join+barrier seconds=S coordinator_cpu_s=C peak_rss_mib=M
-rss_bytes_per_rank=B`` (medians over repeats; the peak is over the whole invocation).
+The last line printed is ``ranks=N ranks_per_host=K join+barrier seconds=S coordinator_cpu_s=C
+peak_rss_mib=M rss_bytes_per_rank=B`` (medians over repeats; the peak is over the whole invocation),
+with ``--heartbeat-seconds`` also ``heartbeats=H heartbeat_cpu_s=C failed=F leave_seconds=L``.
 """
 
 from __future__ import annotations
@@ -449,6 +456,14 @@ def main(argv: list[str] | None = None) -> int:
         f"ranks={args.ranks} ranks_per_host={args.ranks_per_host} join+barrier seconds={seconds:.3f} "
         f"coordinator_cpu_s={cpu:.3f} "
         f"peak_rss_mib={peak / 2**20:.1f} rss_bytes_per_rank={per_rank:.0f}"
+        + (
+            f" heartbeats={statistics.median(r.heartbeats for r in runs):.0f} "
+            f"heartbeat_cpu_s={statistics.median(r.heartbeat_cpu_s for r in runs):.3f} "
+            f"failed={max(r.failed_members for r in runs)} "
+            f"leave_seconds={statistics.median(r.leave_s for r in runs):.3f}"
+            if args.heartbeat_seconds > 0
+            else ""
+        )
     )
     return 0
 

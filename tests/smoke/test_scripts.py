@@ -72,7 +72,11 @@ SMOKE: dict[str, Smoke] = {
         ("benchmarks/shm_vs_gloo.py", "--ranks", "2", "--sizes", "4K"), "    2       4096", needs=("torch",)
     ),
     "benchmarks/rendezvous_scale.py": Smoke(
-        ("benchmarks/rendezvous_scale.py", "--ranks", "10", "--ranks-per-host", "4", "--procs", "1", "--channels", "1"),
+        (
+            "benchmarks/rendezvous_scale.py",
+            *("--ranks", "10", "--ranks-per-host", "4", "--procs", "1", "--channels", "1"),
+            *("--heartbeat-seconds", "0.5"),
+        ),
         "ranks=10 ranks_per_host=4 join+barrier seconds=",
     ),
     "benchmarks/startup_time.py": Smoke(
