@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from collsvc.client.communicator import Communicator
@@ -19,6 +19,14 @@ Result = TypeVar("Result")
 # Errors after which the survivors re-form: a member died or left, or stalled past the timeout (a
 # stalled member is left out; when it wakes up it finds itself outside and waits to be admitted again).
 _MEMBER_LOST = (RankFailedError, CollectiveTimeoutError)
+
+
+def gone_for_good(departed: Mapping[int, RankFailedError]) -> set[int]:
+    """Of the members that left this generation cleanly (``comm.job.departed``), those that left of
+    their own accord (finished or quit). Those that left because it failed (their departure names the
+    ranks at fault, not themselves) are survivors on their way to the re-form: they must be waited
+    for, not planned without."""
+    return {rank for rank, error in departed.items() if rank in error.ranks}
 
 
 def _member_lost(error: BaseException, comm: Communicator) -> RankFailedError | CollectiveTimeoutError | None:
@@ -86,7 +94,7 @@ def run(train: Callable[..., Result]) -> Callable[..., Result | None]:
                 lost = _member_lost(exc, comm)
                 if lost is None:
                     raise
-                failed = set(lost.ranks) | set(comm.job.departed)
+                failed = set(lost.ranks) | gone_for_good(comm.job.departed)
                 log.warning("job %s generation %d: %s; re-forming", membership.base, membership.generation, lost)
             else:
                 membership.finish(comm)
