@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 # Longest a rank's request waits here for the launcher's other ranks before its batch goes anyway.
 GATHER_WINDOW = 1.0
+# Members one JoinBatch carries at most: the coordinator's default Limits.max_ranks_per_host (not
+# imported from collsvc.types, which loads numpy; a test pins the two equal).
+MAX_BATCH = 256
 # How long a connecting rank may take to send its secret and request.
 _READ_TIMEOUT = 5.0
 
@@ -64,6 +67,7 @@ class JoinRelay:
         tls: client TLS files (as the ranks use them), or None.
         ranks: how many ranks this launcher starts (a batch goes once all that have not joined sent theirs).
         clock: ``time.monotonic`` or a stand-in.
+        max_batch: members per JoinBatch at most (more ranks go in several batches).
 
     Raises:
         OSError: the relay's socket could not be opened.
@@ -76,11 +80,13 @@ class JoinRelay:
         tls: TlsFiles | None,
         ranks: int,
         clock: Callable[[], float] = time.monotonic,
+        max_batch: int = MAX_BATCH,
     ) -> None:
         self._name = f"collsvc-join-relay-{secrets.token_hex(8)}"
         self._secret = secrets.token_hex(16)
         self._ranks = ranks
         self._clock = clock
+        self._max_batch = max(1, max_batch)
         self._coordinator, self._token, self._tls = coordinator, token, tls
         self._sender: BatchSender | None = None  # the gRPC side, made with the first request
         self._lock = threading.Condition()
@@ -162,10 +168,15 @@ class JoinRelay:
                 now = self._clock()
                 due = [job for job, pending in self._pending.items() if self._due(job, pending, now)]
                 for job in due:
-                    batch = self._pending.pop(job)
-                    self._sent[job] = self._sent.get(job, 0) + len(batch.requests)
-                    self.batches.append(len(batch.requests))
-                    threading.Thread(target=self._send, args=(batch,), name="collsvc-join-batch", daemon=True).start()
+                    gathered = self._pending.pop(job)
+                    self._sent[job] = self._sent.get(job, 0) + len(gathered.requests)
+                    for first in range(0, len(gathered.requests), self._max_batch):  # the coordinator's limit
+                        part = slice(first, first + self._max_batch)
+                        batch = _Pending(gathered.requests[part], gathered.connections[part], gathered.first_at)
+                        self.batches.append(len(batch.requests))
+                        threading.Thread(
+                            target=self._send, args=(batch,), name="collsvc-join-batch", daemon=True
+                        ).start()
                 waits = [p.first_at + GATHER_WINDOW - now for p in self._pending.values()]
                 self._lock.wait(max(min(waits), 0.001) if waits else None)
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from collsvc._join_relay import JoinRelay
+from collsvc._join_relay import MAX_BATCH, JoinRelay
 from collsvc.client.relay_wire import RELAY_ENV
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import RendezvousError
 from collsvc.proto.v1 import common_pb2
+from collsvc.types import Limits
 
 from .conftest import TOKEN, Client
 
@@ -126,3 +127,15 @@ def test_a_rank_joins_by_itself_when_the_relay_does_not_answer(
     results = joins(address, f"alone-{how.replace(' ', '-')}", 2, 2)
     assert sorted(reply.rank for reply, _ in results) == [0, 1]
     assert relay.batches == []
+
+
+def test_more_ranks_than_one_batch_may_carry_go_in_several(
+    address: str, relays: list[JoinRelay], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Limits().max_ranks_per_host == MAX_BATCH  # the relay's default is the coordinator's limit
+    relay = JoinRelay(address, TOKEN, None, 5, max_batch=2)
+    relays.append(relay)
+    monkeypatch.setenv(RELAY_ENV, relay.environment()[RELAY_ENV])
+    results = joins(address, "split", 5, 5)
+    assert sorted(reply.rank for reply, _ in results) == [0, 1, 2, 3, 4]
+    assert sum(relay.batches) == 5 and max(relay.batches) == 2, relay.batches  # [2, 2, 1] unless one was late
