@@ -97,12 +97,8 @@ class JoinRelay:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind("\0" + self._name)
         self._listener.listen(max(ranks * 2, 16))
-        self._threads = [
-            threading.Thread(target=self._accept, name="collsvc-join-relay-accept", daemon=True),
-            threading.Thread(target=self._gather, name="collsvc-join-relay", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        threading.Thread(target=self._accept, name="collsvc-join-relay-accept", daemon=True).start()
+        threading.Thread(target=self._gather, name="collsvc-join-relay", daemon=True).start()
 
     def environment(self) -> dict[str, str]:
         """What the ranks' environment needs to find the relay: ``COLLSVC_JOIN_RELAY=NAME:SECRET``."""

@@ -25,8 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.coordinator import SERVICE, CoordinatorServicer, add_coordinator
-from collsvc.server.services.hub import Hub
-from collsvc.server.services.join import DEFAULT_WAIT_S
+from collsvc.server.services.hub import DEFAULT_WAIT_S, Hub
 from collsvc.types import CoordinatorOptions
 
 if TYPE_CHECKING:  # prometheus-client is imported only when metrics are served

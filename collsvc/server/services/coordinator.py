@@ -30,8 +30,8 @@ from collsvc.server.services.convert import (
     reregistration,
     waiting_protos,
 )
-from collsvc.server.services.hub import Hub, JobRuntime, wait_event
-from collsvc.server.services.join import join_members, wait_seconds
+from collsvc.server.services.hub import Hub, JobRuntime, wait_event, wait_seconds
+from collsvc.server.services.join import join_members
 from collsvc.server.services.watch import watch
 from collsvc.server.state.common import Member, NotFoundError
 from collsvc.server.state.jobs import Job

@@ -3,8 +3,8 @@
 Each heartbeat costs the coordinator 130-340 us of CPU (mostly gRPC's own streaming machinery;
 benchmarks/rendezvous_scale.py --heartbeat-seconds), so one heartbeat per rank per second fills its
 core at about 7,000 ranks, and past that it would fall behind and declare live members failed. The
-heartbeats of all jobs together are held to :data:`MAX_HEARTBEATS_PER_SECOND` per job: a job of more
-members than that heartbeats less often, and its timeout grows in proportion. Jobs up to that size
+heartbeats of one job are held to :data:`MAX_HEARTBEATS_PER_SECOND`: a job of more members than that
+heartbeats less often, and its timeout grows in proportion. Jobs up to that size
 keep the configured pace. A member that dies still fails at once (its stream breaks); only a member
 frozen with its connection open is noticed later in a very large job.
 """

@@ -17,6 +17,7 @@ from typing import Any
 
 from collsvc.errors import AuthenticationError
 from collsvc.proto.v1 import coordinator_pb2
+from collsvc.server.interceptors import Context
 from collsvc.server.services.broadcast import Broadcast
 from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.services.departure_news import DepartureNews
@@ -35,6 +36,19 @@ Events = coordinator_pb2.EventKind
 # How old the report of who a timed-out barrier waits for may be (members' progress comes with their
 # heartbeats, about this often).
 WAITING_REPORT_MAX_AGE_S = 1.0
+
+
+# Used when a request carries no timeout; the call's own deadline still applies.
+DEFAULT_WAIT_S = 300.0
+
+
+def wait_seconds(timeout_s: float, context: Context) -> float:
+    """How long a server-side wait may last: the request's timeout, capped by the call deadline."""
+    wait = timeout_s if timeout_s > 0 else DEFAULT_WAIT_S
+    remaining = context.time_remaining()
+    if remaining is not None:
+        wait = min(wait, max(remaining, 0.0))
+    return wait
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:

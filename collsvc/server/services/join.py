@@ -15,22 +15,11 @@ from collsvc.errors import RendezvousError
 from collsvc.server.interceptors import Context
 from collsvc.server.services.convert import join_request
 from collsvc.server.services.heartbeat_pace import least_interval
-from collsvc.server.services.hub import Hub
+from collsvc.server.services.hub import Hub, wait_seconds
 from collsvc.server.state.common import Member
 
-# Used when a request carries no timeout; the call's own deadline still applies.
-DEFAULT_WAIT_S = 300.0
 # Ranks named in one error message at most (the rest are counted).
 MAX_RANKS_NAMED = 64
-
-
-def wait_seconds(timeout_s: float, context: Context) -> float:
-    """How long a server-side wait may last: the request's timeout, capped by the call deadline."""
-    wait = timeout_s if timeout_s > 0 else DEFAULT_WAIT_S
-    remaining = context.time_remaining()
-    if remaining is not None:
-        wait = min(wait, max(remaining, 0.0))
-    return wait
 
 
 def rank_list(ranks: list[int], limit: int = MAX_RANKS_NAMED) -> str:
@@ -91,16 +80,15 @@ async def _join(hub: Hub, requests: Sequence[Any], context: Context) -> list[Any
     members: list[Member] = []
 
     def withdraw() -> None:
-        withdrawn = [job.cancel_join(member) for member in members]
-        if any(withdrawn):
-            hub.drop_if_finished(rt)
+        for member in members:
+            job.cancel_join(member)
+        hub.drop_if_finished(rt)  # a job this very call created, or that only its members held, goes
 
     try:
         for request in requests:
             members.append(job.join(join_request(request)))
     except Exception:
         withdraw()
-        hub.drop_if_finished(rt)  # a job this very call created must not linger
         raise
     if job.complete and not rt.joined.is_set():
         rt.on_complete()

@@ -26,7 +26,7 @@ class JoinQuota:
         self._waiting: dict[str, dict[str, int]] = {}  # client -> job id -> waiting calls
 
     def waiting(self, client: str) -> int:
-        """How many Join calls of ``client`` are waiting."""
+        """How many members ``client`` has waiting in Join calls."""
         return sum(self._waiting.get(client, {}).values())
 
     def admit(self, client: str, job_id: str, members: int = 1) -> None:

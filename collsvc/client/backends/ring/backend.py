@@ -305,7 +305,7 @@ class RingBackend:
         shared = self._shared(call, topo)
         digest = call.signature.digest
         if shared is not None:
-            self._local(call, topo.local if topo else (), lambda: shared.barrier(call.deadline, digest=digest))
+            self._local(call, self._local_ranks(call), lambda: shared.barrier(call.deadline, digest=digest))
             return True
         if topo is None or self._local_groups is None or call.group.size == 1:
             return False
