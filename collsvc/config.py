@@ -15,6 +15,8 @@ Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this
 ``COLLSVC_TLS_CERT``/``COLLSVC_TLS_KEY``/``COLLSVC_TLS_CA``, ``COLLSVC_HEARTBEAT_INTERVAL``,
 ``COLLSVC_COORDINATOR_GRACE`` (seconds a member keeps retrying a lost coordinator before failing, default 20),
 ``COLLSVC_SHM`` (``0`` turns off shared memory between ranks of one host),
+``COLLSVC_SHM_BARRIERS`` (``auto``, ``memory`` or ``sockets``: how ranks of one host meet, see
+:func:`shm_barriers`),
 ``COLLSVC_HIERARCHICAL`` (``auto``, ``always`` or ``never``: hierarchical all_reduce across hosts),
 ``COLLSVC_RING_SMALL_BYTES`` (messages up to this size use the latency-friendly algorithms over gRPC;
 default: the measured switch point in ``ring/algorithms.py``),
@@ -310,3 +312,18 @@ def shm_spin_seconds(env: Mapping[str, str] | None = None) -> float | None:
     if not micros >= 0:
         raise ValueError(f"environment variable COLLSVC_SHM_SPIN_US={raw!r} must be a number of microseconds >= 0")
     return micros / 1e6
+
+
+SHM_BARRIER_KINDS = ("auto", "memory", "sockets")
+
+
+def shm_barriers(env: Mapping[str, str] | None = None) -> str:
+    """``COLLSVC_SHM_BARRIERS``: how the ranks of one host meet in their shared-memory steps.
+
+    ``memory``: through words in the shared segments (x86-64 only); ``sockets``: through datagrams;
+    ``auto`` (the default): memory where the CPU supports it. Every rank of a host must agree.
+
+    Raises:
+        ValueError: another value.
+    """
+    return _choice(os.environ if env is None else env, "COLLSVC_SHM_BARRIERS", SHM_BARRIER_KINDS)

@@ -16,6 +16,13 @@ def test_polls_briefly_when_ranks_share_cores(monkeypatch: pytest.MonkeyPatch) -
     assert spin.spin_seconds(3, cores=2) == spin.SHARED_CORE_SPIN_SECONDS
 
 
+def test_memory_barriers_poll_longer_on_shared_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLLSVC_SHM_SPIN_US", raising=False)
+    assert spin.spin_seconds(2, cores=2, memory_barriers=True) == spin.SPIN_SECONDS
+    shared = spin.spin_seconds(4, cores=2, memory_barriers=True)
+    assert shared == spin.SHARED_CORE_MEMORY_SPIN_SECONDS > spin.SHARED_CORE_SPIN_SECONDS
+
+
 def test_the_environment_overrides_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLLSVC_SHM_SPIN_US", "250")
     assert spin.spin_seconds(8, cores=2) == pytest.approx(250e-6)

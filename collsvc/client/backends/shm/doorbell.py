@@ -9,7 +9,7 @@ lives.
 Messages are tiny: ``HELLO`` carries a segment descriptor (``SCM_RIGHTS``) while the group forms,
 ``ARRIVE`` is a rank reaching barrier generation ``g`` (optionally with a call descriptor), ``RELEASE``
 is local rank 0 ending a central barrier (with every rank's descriptor), ``WAKE`` interrupts a blocked
-wait (``fail``). The arrival state is the truth, datagrams are its transport: the
+wait (``fail``, or a peer's arrival at a barrier of ``board.py``). The arrival state is the truth, datagrams are its transport: the
 kernel's socket locks order every shared-memory write a sender made before it sent with every read the
 receiver makes after it received, on any CPU architecture.
 
@@ -75,6 +75,7 @@ class Doorbell:
         self._out: dict[int, socket.socket] = {}
         self._buf = bytearray(_MAX_MESSAGE)
         self._expect_fds = True
+        self._wake_message = HEADER.pack(WAKE, rank, 0)
         self.arrived = [0] * size
         self.released = 0
         self.bodies: tuple[list[bytes], list[bytes]] = ([b""] * size, [b""] * size)
@@ -212,6 +213,19 @@ class Doorbell:
             poll.register(self._inbox, select.POLLIN)
             poll.poll(_remaining_ms(deadline))
             self._drain()
+
+    def poke(self, peer: int) -> None:
+        """Wakes ``peer`` if it sleeps in :meth:`wait`; never blocks. A full inbox wakes it anyway; a
+        peer whose inbox is gone joins :attr:`gone`."""
+        sock = self._out.get(peer)
+        if sock is None or peer in self.gone:
+            return
+        try:
+            sock.send(self._wake_message)
+        except BlockingIOError:
+            pass
+        except _GONE:
+            self.gone.add(peer)
 
     def wait(self, ready: Callable[[], bool], deadline: float, check: Callable[[], None], spin: float) -> bool:
         """Drains messages until ``ready()``; polls for ``spin`` seconds before it blocks.

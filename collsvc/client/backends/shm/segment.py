@@ -5,9 +5,10 @@ Each local rank owns one segment and is its only writer; its peers map it read-o
 whatever way a process exits (SIGKILL included) and the size of the /dev/shm mount (64 MiB in a default
 Docker container) does not limit it. The kernel frees it once the last mapping and descriptor are gone.
 
-Layout: a 64-byte control block (word 0: the last barrier generation the owner reached, read by peers
-only to name the ranks a timed-out barrier waited on), then for each of two parities (double
-buffering, see ``group.py``)::
+Layout: a control block of :data:`CONTROL_BYTES` (word 0: the last barrier generation the owner
+reached; word 1: the generation it sleeps waiting for, 0 while awake; then per parity a slot for the
+descriptor of the owner's call, see ``board.py``), then for each of two parities (double buffering,
+see ``group.py``)::
 
     [ input slot: slot_bytes ][ result slot: ceil(slot_bytes / local_size) + 64 ]
 """
@@ -23,6 +24,9 @@ import numpy as np
 from collsvc.errors import RendezvousError
 
 _ALIGN = 64
+#: The control block: two words, then a descriptor slot per parity (a 4-byte length and the bytes).
+CONTROL_BYTES = 3 * _ALIGN
+DESCRIPTOR_BYTES = _ALIGN - 4
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -62,10 +66,10 @@ class Layout:
     @property
     def size(self) -> int:
         """Total bytes of one segment."""
-        return _ALIGN + 2 * (self.slot_bytes + self.result_bytes)
+        return CONTROL_BYTES + 2 * (self.slot_bytes + self.result_bytes)
 
     def input_offset(self, parity: int) -> int:
-        return _ALIGN + parity * (self.slot_bytes + self.result_bytes)
+        return CONTROL_BYTES + parity * (self.slot_bytes + self.result_bytes)
 
     def result_offset(self, parity: int) -> int:
         return self.input_offset(parity) + self.slot_bytes
@@ -88,6 +92,10 @@ class Segment:
     _bytes: np.ndarray
     #: word 0 of the control block: the last barrier generation the owner reached
     reached: np.ndarray
+    #: word 1: the barrier generation the owner sleeps waiting for (0: awake, it needs no wake-up)
+    sleeping: np.ndarray
+    #: per parity, the owner's descriptor slot: a little-endian uint32 length, then the bytes
+    descriptors: tuple[np.ndarray, np.ndarray]
     _typed: dict[np.dtype, SegmentViews] = field(default_factory=dict)
 
     @classmethod
@@ -124,7 +132,8 @@ class Segment:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         mapped = mmap.mmap(fd, layout.size, flags=flags, prot=prot)
         raw = np.frombuffer(mapped, dtype=np.uint8)
-        return cls(layout, mapped, raw, raw[:8].view(np.uint64))
+        slots = (raw[_ALIGN : 2 * _ALIGN], raw[2 * _ALIGN : CONTROL_BYTES])
+        return cls(layout, mapped, raw, raw[:8].view(np.uint64), raw[8:16].view(np.uint64), slots)
 
     def views(self, dtype: np.dtype) -> SegmentViews:
         """The input and result slots as arrays of ``dtype`` (cached per dtype)."""
@@ -147,7 +156,7 @@ class Segment:
     def close(self) -> bool:
         """Unmaps the segment; returns False when a view is still referenced (the GC unmaps it later)."""
         self._typed.clear()
-        del self._bytes, self.reached
+        del self._bytes, self.reached, self.sleeping, self.descriptors
         try:
             self._map.close()
         except BufferError:  # someone still holds a view; the mapping goes with it

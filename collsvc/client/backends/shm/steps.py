@@ -1,7 +1,8 @@
 """The step engine under the shared-memory collectives: segments, barriers and failure of one group.
 
-A :class:`StepEngine` maps every local rank's memfd segment and runs numbered barriers over the
-doorbell sockets (see ``group.py`` for how the collectives use the two slot parities). The first
+A :class:`StepEngine` maps every local rank's memfd segment and runs numbered barriers, through
+words in the segments where the CPU allows (``board.py``), else over the doorbell sockets (see
+``group.py`` for how the collectives use the two slot parities). The first
 barrier of every call carries a descriptor; when descriptors differ, every rank takes one more step
 in which each publishes its full call signature, so the mismatch error names each rank's call. A
 failure, a departure (through the :meth:`~StepEngine.watch` check) or a deadline ends any wait.
@@ -18,11 +19,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from collsvc.client.backends.shm.board import ArrivalBoard, memory_barriers_supported
 from collsvc.client.backends.shm.descriptor import encode as encode_call
 from collsvc.client.backends.shm.descriptor import mismatch as describe_mismatch
 from collsvc.client.backends.shm.doorbell import Doorbell
 from collsvc.client.backends.shm.segment import Layout, Segment, SegmentViews
 from collsvc.client.backends.shm.spin import spin_seconds
+from collsvc.config import SHM_BARRIER_KINDS, shm_barriers
 from collsvc.errors import (
     BackendUnavailableError,
     CollectiveMismatchError,
@@ -34,7 +37,7 @@ from collsvc.types import ReduceOp
 
 logger = logging.getLogger(__name__)
 
-_HELLO = struct.Struct("<IQ")  # local_size, slot_bytes
+_HELLO = struct.Struct("<IQ?")  # local_size, slot_bytes, memory barriers
 # After a mismatch, each rank publishes up to this many bytes of its full call signature.
 _LABEL_BYTES = 1024
 _LABEL_LENGTH = struct.Struct("<I")
@@ -55,6 +58,7 @@ class StepEngine:
         slot_bytes: int = 4 << 20,
         timeout: float | None,
         spin: float | None = None,
+        barriers: str | None = None,
     ) -> None:
         """Binds this rank's wake-up socket; with ``timeout``, also connects (see :meth:`connect`).
 
@@ -65,18 +69,21 @@ class StepEngine:
             slot_bytes: bytes per chunk; larger arrays are processed in rounds. Equal on every rank.
             timeout: seconds to wait for the other local ranks; None leaves :meth:`connect` to the
                 caller, who can then wake (:meth:`fail`, :meth:`wake`) a rank waiting for its peers.
-            spin: seconds a barrier polls before it sleeps; None: ``spin.spin_seconds(local_size)``.
+            spin: seconds a barrier polls before it sleeps; None: ``spin.spin_seconds``'s budget.
+            barriers: ``memory`` (words in the segments, x86-64), ``sockets`` (datagrams) or ``auto``
+                (memory where supported); None: ``config.shm_barriers()``. Equal on every rank.
 
         Raises:
-            ValueError: bad rank, size or slot_bytes.
-            BackendUnavailableError: not Linux (memfd and abstract sockets are Linux-only).
-            RendezvousError: the namespace is in use, or local ranks disagree on size or slot_bytes.
+            ValueError: bad rank, size, slot_bytes or barriers.
+            BackendUnavailableError: not Linux (memfd and abstract sockets are Linux-only), or
+                ``memory`` barriers on a CPU without total store order.
+            RendezvousError: the namespace is in use, or local ranks disagree on size, slot_bytes or
+                barriers.
             CollectiveTimeoutError: some local ranks did not join in time (``waiting_on`` names them).
         """
         if not 0 <= local_rank < local_size:
             raise ValueError(f"local_rank {local_rank} is outside 0..{local_size - 1}")
         self._rank, self._size = local_rank, local_size
-        self.spin_seconds = spin_seconds(local_size) if spin is None else spin
         self._layout = Layout.for_group(slot_bytes, local_size)
         self._name = f"shm group {namespace[:16]} local rank {local_rank}/{local_size}"
         self._error: BaseException | None = None
@@ -87,6 +94,9 @@ class StepEngine:
         self._segments: list[Segment] = []
         self._views: dict[np.dtype, list[SegmentViews]] = {}
         self._bell: Doorbell | None = None
+        self._board: ArrivalBoard | None = None
+        self._memory_barriers = _memory_barriers(shm_barriers() if barriers is None else barriers)
+        self.spin_seconds = spin_seconds(local_size, memory_barriers=self._memory_barriers) if spin is None else spin
         self._descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None] | None = None
         if local_size == 1:
             return
@@ -103,7 +113,7 @@ class StepEngine:
         """Exchanges segments with every other local rank; returns once all are mapped.
 
         Raises:
-            RendezvousError: local ranks disagree on size or slot_bytes.
+            RendezvousError: local ranks disagree on size, slot_bytes or barriers.
             CollectiveTimeoutError: some local ranks did not join by ``deadline`` (``waiting_on`` names them).
             BaseException: the error given to :meth:`fail`, or what the :meth:`watch` check raises.
         """
@@ -113,7 +123,7 @@ class StepEngine:
         own, fd = Segment.create(self._layout)
         segments: dict[int, Segment] = {self._rank: own}
         try:
-            hello = _HELLO.pack(self._size, self._layout.slot_bytes)
+            hello = _HELLO.pack(self._size, self._layout.slot_bytes, self._memory_barriers)
             if not bell.exchange(fd, hello, deadline, self._check_failed):
                 missing = [p for p in range(self._size) if p != self._rank and p not in bell.hellos]
                 raise CollectiveTimeoutError(
@@ -125,9 +135,9 @@ class StepEngine:
                 try:
                     if body != hello:
                         raise RendezvousError(
-                            f"{self._name}: local rank {peer} has (local_size, slot_bytes) "
+                            f"{self._name}: local rank {peer} has (local_size, slot_bytes, memory barriers) "
                             f"{_HELLO.unpack(body) if len(body) == _HELLO.size else body!r}, ours "
-                            f"{(self._size, self._layout.slot_bytes)}"
+                            f"{(self._size, self._layout.slot_bytes, self._memory_barriers)}"
                         )
                     segments[peer] = Segment.attach(peer_fd, self._layout)
                 finally:
@@ -140,6 +150,8 @@ class StepEngine:
         finally:
             os.close(fd)
         self._segments = [segments[r] for r in range(self._size)]
+        if self._memory_barriers:
+            self._board = ArrivalBoard(self._segments, self._rank, bell)
         logger.debug("%s: joined", self._name)
 
     @property
@@ -185,6 +197,7 @@ class StepEngine:
             return
         self._closed = True
         self._views.clear()
+        self._board = None
         for segment in self._segments:
             segment.close()
         self._segments = []
@@ -214,10 +227,17 @@ class StepEngine:
         bell = self._bell
         assert bell is not None  # only groups of two or more step
         generation = self._generation + 1
-        self._segments[self._rank].reached[0] = generation
-        if not bell.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds):
+        board = self._board
+        if board is not None:
+            arrived = board.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds)
+        else:
+            self._segments[self._rank].reached[0] = generation
+            arrived = bell.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds)
+        if not arrived:
             # Every rank records the step it reached in its segment: enough to name the late ones.
             missing = [r for r, seg in enumerate(self._segments) if int(seg.reached[0]) < generation]
+            for rank in missing:
+                bell.poke(rank)  # finds the ranks whose inbox is gone
             gone = sorted(bell.gone)
             note = f" (local ranks {gone} closed their sockets: exited or closed the group)" if gone else ""
             raise CollectiveTimeoutError(
@@ -226,7 +246,10 @@ class StepEngine:
             )
         self._generation = generation
         if body is not None:
-            bodies = list(bell.bodies[generation % 2])
+            if board is not None:
+                bodies = [body] if board.agree(generation, body) else board.bodies(generation)
+            else:
+                bodies = list(bell.bodies[generation % 2])
             if bodies.count(body) != len(bodies):
                 assert self._descriptions is not None  # set by _call, which gives the body
                 collective, dtype, count, op, root = self._descriptions
@@ -294,6 +317,20 @@ class StepEngine:
             raise TypeError(f"src and out dtypes differ: {src.dtype} vs {out.dtype}")
         if not ok:
             raise ValueError(f"{message}: src has {src.size}, out {out.size}, local_size {self._size}")
+
+
+def _memory_barriers(kind: str) -> bool:
+    """Whether barriers go through the segments' words, for ``kind`` (see ``config.shm_barriers``).
+
+    Raises:
+        ValueError: an unknown kind.
+        BackendUnavailableError: ``memory`` on a CPU without total store order.
+    """
+    if kind not in SHM_BARRIER_KINDS:
+        raise ValueError(f"barriers must be auto, memory or sockets, got {kind!r}")
+    if kind == "memory" and not memory_barriers_supported():
+        raise BackendUnavailableError("shared-memory barriers through memory words need an x86-64 CPU")
+    return kind == "memory" or (kind == "auto" and memory_barriers_supported())
 
 
 class _CallScope:

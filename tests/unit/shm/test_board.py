@@ -1,0 +1,87 @@
+"""Barriers through memory words: a sleeping waiter is woken, and both sides must agree on the kind."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from collsvc.client.backends.shm import LocalGroup
+from collsvc.client.backends.shm.board import memory_barriers_supported
+from collsvc.config import shm_barriers
+from collsvc.errors import RendezvousError
+from collsvc.types import ReduceOp
+
+needs_x86 = pytest.mark.skipif(not memory_barriers_supported(), reason="memory barriers need an x86-64 CPU")
+
+
+@needs_x86
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_waiter_that_went_to_sleep_is_woken_by_the_last_arrival(size: int) -> None:
+    namespace = uuid.uuid4().hex
+    returned: dict[int, float] = {}
+    arrived_late = threading.Event()
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            # spin=0: every wait sleeps at once, so only the arrival's poke can wake rank 0.
+            with LocalGroup(namespace, r, size, timeout=5, spin=0.0, barriers="memory") as group:
+                buf = np.full(4, r + 1.0)
+                if r == size - 1:
+                    # Arrive only once rank 0 sleeps (its word in its segment says so).
+                    sleeper = group._segments[0]
+                    deadline = time.monotonic() + 5
+                    while not sleeper.sleeping[0] and time.monotonic() < deadline:
+                        os.sched_yield()
+                    assert sleeper.sleeping[0], "rank 0 never went to sleep"
+                    arrived_late.set()
+                group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5)
+                returned[r] = time.monotonic()
+                assert (buf == size * (size + 1) / 2).all()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not errors, errors
+    assert arrived_late.is_set() and sorted(returned) == list(range(size))
+    # Woken by the poke, not by the 5 s deadline.
+    assert max(returned.values()) - min(returned.values()) < 2.0
+
+
+@needs_x86
+def test_ranks_that_disagree_on_the_barrier_kind_get_a_rendezvous_error() -> None:
+    namespace = uuid.uuid4().hex
+    errors: list[BaseException] = []
+
+    def rank(r: int, kind: str) -> None:
+        try:
+            LocalGroup(namespace, r, 2, timeout=2, barriers=kind).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=args) for args in ((0, "memory"), (1, "sockets"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2 and all(isinstance(e, RendezvousError) for e in errors)
+    assert "memory barriers" in str(errors[0])
+
+
+def test_the_barrier_kind_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLLSVC_SHM_BARRIERS", "sockets")
+    assert shm_barriers() == "sockets"
+    monkeypatch.setenv("COLLSVC_SHM_BARRIERS", "futex")
+    with pytest.raises(ValueError, match="COLLSVC_SHM_BARRIERS"):
+        shm_barriers()
+    with pytest.raises(ValueError, match="auto, memory or sockets"):
+        LocalGroup("unused", 0, 1, timeout=1, barriers="futex")
