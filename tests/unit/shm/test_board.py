@@ -20,8 +20,8 @@ needs_x86 = pytest.mark.skipif(not memory_barriers_supported(), reason="memory b
 
 
 @needs_x86
-@pytest.mark.parametrize("size", [2, 3])
-def test_a_waiter_that_went_to_sleep_is_woken_by_the_last_arrival(size: int) -> None:
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_sleeping_waiters_are_woken_by_the_last_arrival(size: int) -> None:
     namespace = uuid.uuid4().hex
     returned: dict[int, float] = {}
     arrived_late = threading.Event()
@@ -29,16 +29,16 @@ def test_a_waiter_that_went_to_sleep_is_woken_by_the_last_arrival(size: int) -> 
 
     def rank(r: int) -> None:
         try:
-            # spin=0: every wait sleeps at once, so only the arrival's poke can wake rank 0.
+            # spin=0: every wait sleeps at once, so only the last arrival's pokes can wake the others.
             with LocalGroup(namespace, r, size, timeout=5, spin=0.0, barriers="memory") as group:
                 buf = np.full(4, r + 1.0)
                 if r == size - 1:
-                    # Arrive only once rank 0 sleeps (its word in its segment says so).
-                    sleeper = group._segments[0]
+                    # Arrive only once every other rank sleeps (its word in its segment says so).
+                    sleepers = group._segments[:-1]
                     deadline = time.monotonic() + 5
-                    while not sleeper.sleeping[0] and time.monotonic() < deadline:
+                    while not all(s.sleeping[0] for s in sleepers) and time.monotonic() < deadline:
                         os.sched_yield()
-                    assert sleeper.sleeping[0], "rank 0 never went to sleep"
+                    assert all(s.sleeping[0] for s in sleepers), "some ranks never went to sleep"
                     arrived_late.set()
                 group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5)
                 returned[r] = time.monotonic()

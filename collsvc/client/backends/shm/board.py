@@ -14,10 +14,12 @@ memory. :func:`memory_barriers_supported` tells which applies.
 
 Sleeping: a waiter polls for ``spin`` seconds, handing its core to any runnable process between reads;
 then it stores the generation it waits for in its ``sleeping`` word and blocks on its doorbell inbox.
-A rank that arrives stores ``reached``, then reads its peers' ``sleeping`` words and pokes those that
-sleep. Between each side's store and its load sits a full memory barrier (:meth:`ArrivalBoard._fence`),
-so at least one of them sees the other's store: either the waiter sees the arrival before it blocks,
-or the arriving rank sees the sleeper and wakes it.
+A rank that arrives stores ``reached``, then reads its peers' ``reached`` words; if every peer is
+there, it reads their ``sleeping`` words and pokes those that sleep. Between each side's store and its
+loads sits a full memory barrier (:meth:`ArrivalBoard._fence`), so of two ranks that store at the
+same time at least one sees the other's store: of the last two to arrive, at least one sees that
+everybody arrived; and either a sleeper sees the last arrival before it blocks, or that rank sees the
+sleeper and wakes it.
 """
 
 from __future__ import annotations
@@ -71,10 +73,13 @@ class ArrivalBoard:
         self._slots[generation % 2][: len(framed)] = framed
         own.reached[0] = generation
         self._fence()
-        for peer, segment in self._peers:
-            if segment.sleeping[0]:
-                self._bell.poke(peer)
         if self._arrived(generation):
+            # The last to arrive (or one of the last: each sees the others' words after its fence)
+            # wakes the sleepers; earlier arrivals leave them asleep, so a barrier pokes each at most once
+            # per rank that completes it, not once per arrival.
+            for peer, segment in self._peers:
+                if segment.sleeping[0]:
+                    self._bell.poke(peer)
             return True
         if spin > 0:
             spin_until = time.monotonic() + spin
