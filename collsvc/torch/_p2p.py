@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from collsvc.torch._streams import current, run_on
+
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
     from collsvc.client.communicator import Communicator
 
@@ -66,7 +68,8 @@ class PointToPoint:
         """
         self._check(dst, tag, "send")
         data = tensor.detach().contiguous()
-        return self._stream("send", dst, tag).submit(self._comm.send, data, dst, tag)
+        stream = current()  # CUDA tensors: the send runs on the caller's stream, on the lane's thread
+        return self._stream("send", dst, tag).submit(run_on, stream, lambda: self._comm.send(data, dst, tag))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> concurrent.futures.Future[Any]:
         """Posts a receive from ``src`` into ``tensor``.
@@ -76,7 +79,7 @@ class PointToPoint:
         """
         self._check(src, tag, "recv")
         receive = self._into(tensor, lambda out: self._comm.recv(src, tag, out=out))
-        return self._stream("recv", src, tag).submit(receive)
+        return self._stream("recv", src, tag).submit(run_on, current(), receive)
 
     def recv_any(self, tensor: torch.Tensor, tag: int) -> concurrent.futures.Future[Any]:
         """Posts a receive from whichever rank sends with ``tag`` first; the future's value is that rank.
@@ -86,7 +89,8 @@ class PointToPoint:
         """
         _check_tag(tag, "recv")
         receive = self._into(tensor, lambda out: self._comm.recv_any(tag, out=out)[0])
-        return self._stream("recv", -1, tag).submit(receive)  # -1: the lane of receives from any rank
+        lane = self._stream("recv", -1, tag)  # -1: the lane of receives from any rank
+        return lane.submit(run_on, current(), receive)
 
     def close(self) -> None:
         with self._lock:

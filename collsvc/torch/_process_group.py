@@ -20,6 +20,7 @@ import torch.distributed as dist
 import collsvc.torch._collectives as ops
 from collsvc.torch._errors import translated
 from collsvc.torch._p2p import PointToPoint
+from collsvc.torch._streams import current, on_caller_stream
 from collsvc.torch._work import AnySourceWork, CollsvcWork, Finisher
 
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
@@ -85,30 +86,35 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
 
     def _work(self, calls: Sequence[Any], outputs: list[torch.Tensor], finish: Finisher | None, what: str) -> Any:
         description = f"{what} in group '{self._comm.name}' (rank {self._comm.rank} of {self._comm.size})"
-        return CollsvcWork(calls, outputs, finish, description, self._wait_limit)
+        return CollsvcWork(calls, outputs, finish, description, self._wait_limit, current())
 
     # ---- reductions ------------------------------------------------------------------------------
     @translated
+    @on_caller_stream
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = (opts or dist.AllreduceOptions()).reduceOp
         return self._work(*ops.all_reduce(self._ops(), tensors, op), "allreduce")
 
     @translated
+    @on_caller_stream
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = (opts or dist.AllreduceCoalescedOptions()).reduceOp
         return self._work(*ops.all_reduce(self._ops(), tensors, op), "allreduce_coalesced")
 
     @translated
+    @on_caller_stream
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts or dist.ReduceOptions()
         return self._work(*ops.reduce(self._ops(), ops.single(tensors), opts.rootRank, opts.reduceOp), "reduce")
 
     @translated
+    @on_caller_stream
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         op = (opts or dist.ReduceScatterOptions()).reduceOp
         return self._work(*ops.reduce_scatter_list(self._ops(), ops.single(outputs), inputs[0], op), "reduce_scatter")
 
     @translated
+    @on_caller_stream
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         op = (opts or dist.ReduceScatterOptions()).reduceOp
         return self._work(*ops.reduce_scatter(self._ops(), output, input, op), "reduce_scatter_tensor")
@@ -116,6 +122,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     _reduce_scatter_base = reduce_scatter_single
 
     @translated
+    @on_caller_stream
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -127,21 +134,25 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
 
     # ---- broadcast and gathers -------------------------------------------------------------------
     @translated
+    @on_caller_stream
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts or dist.BroadcastOptions()
         return self._work(*ops.broadcast(self._ops(), tensors, opts.rootRank), "broadcast")
 
     @translated
+    @on_caller_stream
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._work(*ops.all_gather_list(self._ops(), ops.single(outputs), ops.single(inputs)), "allgather")
 
     @translated
+    @on_caller_stream
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         return self._work(*ops.all_gather(self._ops(), output, input), "all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
     @translated
+    @on_caller_stream
     def allgather_coalesced(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -155,6 +166,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         return self._work(*ops.merge(parts), "allgather_coalesced")
 
     @translated
+    @on_caller_stream
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -164,12 +176,14 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     @translated
+    @on_caller_stream
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         root = (opts or dist.GatherOptions()).rootRank
         listed = outputs[0] if outputs else []
         return self._work(*ops.gather(self._ops(), listed, ops.single(inputs), root), "gather")
 
     @translated
+    @on_caller_stream
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         root = (opts or dist.ScatterOptions()).rootRank
         listed = inputs[0] if inputs else []
@@ -177,6 +191,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
 
     # ---- all to all ------------------------------------------------------------------------------
     @translated
+    @on_caller_stream
     def all_to_all_single(
         self,
         output: torch.Tensor,
@@ -191,25 +206,29 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     alltoall_base = all_to_all_single
 
     @translated
+    @on_caller_stream
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._work(*ops.all_to_all_list(self._ops(), outputs, inputs), "alltoall")
 
     # ---- point to point --------------------------------------------------------------------------
     @translated
+    @on_caller_stream
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         tensor = ops.single(tensors)
         return self._work([self._p2p.send(tensor, dst, tag)], [tensor], None, f"send to {dst} (tag {tag})")
 
     @translated
+    @on_caller_stream
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
         tensor = ops.single(tensors)
         return self._work([self._p2p.recv(tensor, src, tag)], [tensor], None, f"recv from {src} (tag {tag})")
 
     @translated
+    @on_caller_stream
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
         tensor = ops.single(tensors)
         description = f"recv from any rank (tag {tag}) in group '{self._comm.name}' (rank {self._comm.rank})"
-        return AnySourceWork(self._p2p.recv_any(tensor, tag), tensor, description, self._wait_limit)
+        return AnySourceWork(self._p2p.recv_any(tensor, tag), tensor, description, self._wait_limit, current())
 
     # ---- barriers --------------------------------------------------------------------------------
     @translated

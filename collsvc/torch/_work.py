@@ -22,6 +22,7 @@ import torch.distributed as dist
 from collsvc.client.work import Work as CollsvcCall
 from collsvc.errors import CollectiveTimeoutError, CollsvcError
 from collsvc.torch._errors import to_torch_error
+from collsvc.torch._streams import CallerStream, run_on
 
 Finisher = Callable[[list[Any]], None]
 
@@ -76,6 +77,8 @@ class CollsvcWork(_Work):  # type: ignore[misc]
             ``outputs``); may be None.
         description: the operation as errors name it.
         timeout: the group's timeout in seconds; ``wait()`` never waits longer.
+        stream: for CUDA tensors, the caller's stream: the finisher runs on it, and the Work is done
+            once it ran (see ``collsvc.torch._streams``); None for CPU tensors.
     """
 
     def __init__(
@@ -85,8 +88,10 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         finish: Finisher | None,
         description: str,
         timeout: float | None,
+        stream: CallerStream | None = None,
     ) -> None:
         super().__init__()
+        self._stream = stream
         self._outputs = outputs
         self._finish = finish
         self._description = description
@@ -127,8 +132,9 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         try:
             if results is None:
                 results = [call.result() for call in self._calls]
-            if self._finish is not None:
-                self._finish(results)
+            finish, finished = self._finish, results
+            if finish is not None or self._stream is not None:
+                run_on(self._stream, lambda: finish(finished) if finish is not None else None)
         except CollsvcError as exc:
             self._error = to_torch_error(exc)
         except BaseException as exc:  # noqa: BLE001 - any failure belongs to whoever waits on this Work
@@ -217,10 +223,15 @@ class AnySourceWork(CollsvcWork):
     names the rank (of the group) whose message arrived."""
 
     def __init__(
-        self, call: concurrent.futures.Future[Any], output: torch.Tensor, description: str, timeout: float | None
+        self,
+        call: concurrent.futures.Future[Any],
+        output: torch.Tensor,
+        description: str,
+        timeout: float | None,
+        stream: CallerStream | None = None,
     ):
         self._source: int | None = None
-        super().__init__([call], [output], self._note_source, description, timeout)
+        super().__init__([call], [output], self._note_source, description, timeout, stream)
 
     def _note_source(self, results: list[Any]) -> None:
         self._source = int(results[0])

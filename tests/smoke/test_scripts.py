@@ -96,7 +96,12 @@ SMOKE: dict[str, Smoke] = {
     ),
     # Without a GPU it must say so and exit 0; with one it prints its table (see test_nccl_overhead...).
     "benchmarks/nccl_overhead.py": Smoke(("benchmarks/nccl_overhead.py", "--sizes", "1M", "--iters", "2"), ""),
+    "benchmarks/torch_cuda.py": Smoke(
+        ("benchmarks/torch_cuda.py", "--sizes", "4K", "--iters", "2", "--repeats", "1"), "", needs=("torch",)
+    ),
 }
+# Scripts that need a GPU: without one they say so and exit 0 (test_gpu_benchmarks_...).
+NEED_GPU = {"benchmarks/nccl_overhead.py": "overhead", "benchmarks/torch_cuda.py": "collsvc data plane: nccl"}
 # Scripts that are only ever started by another script, which its own smoke run covers.
 RUN_BY = {"benchmarks/gloo_worker.py": "benchmarks/compare_gloo.py"}
 # Examples whose own test runs them through the real path (with checks beyond a smoke line).
@@ -132,7 +137,7 @@ def test_every_script_has_a_smoke_entry() -> None:
     assert all((REPO / test).is_file() for test in TESTED_IN.values())
 
 
-@pytest.mark.parametrize("name", sorted(n for n in SMOKE if n != "benchmarks/nccl_overhead.py"))
+@pytest.mark.parametrize("name", sorted(n for n in SMOKE if n not in NEED_GPU))
 def test_script_runs_with_tiny_arguments(name: str) -> None:
     smoke = SMOKE[name]
     for module in smoke.needs:
@@ -162,15 +167,18 @@ def gpu_reason() -> str | None:
     return None
 
 
-def test_nccl_overhead_needs_a_gpu_and_says_so_without_one() -> None:
-    done = run_script(SMOKE["benchmarks/nccl_overhead.py"].argv)
+@pytest.mark.parametrize("name", sorted(NEED_GPU))
+def test_gpu_benchmarks_run_on_a_gpu_and_say_so_without_one(name: str) -> None:
+    for module in SMOKE[name].needs:
+        pytest.importorskip(module)
+    done = run_script(SMOKE[name].argv)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "Traceback" not in output, output
     if gpu_reason() is None:
-        assert "overhead" in done.stdout.splitlines()[0], output
+        assert NEED_GPU[name] in done.stdout.splitlines()[0], output
     else:
-        assert done.stderr.startswith("nccl_overhead.py needs a GPU, skipped:"), output
+        assert done.stderr.startswith(f"{Path(name).name} needs a GPU, skipped:"), output
         assert done.stdout == ""
 
 

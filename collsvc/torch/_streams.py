@@ -1,0 +1,120 @@
+"""CUDA tensors stay ordered on the caller's torch stream through collsvc's CuPy-based data plane.
+
+torch and CuPy each keep their own "current stream" per thread. A torch user who fills a tensor on a
+side stream (``with torch.cuda.stream(s): ...``) and hands it to ``dist.all_reduce`` expects the
+collective to run after that work and before whatever the stream runs next, as torch's own NCCL
+backend does. collsvc's GPU paths order themselves on CuPy's current stream, so each process-group
+method makes torch's current stream (of the tensors' device) CuPy's current stream while it issues its
+calls; the Communicator carries that stream to its worker thread for asynchronous calls.
+
+Work on CUDA tensors also runs after the calls themselves: results copied into the caller's tensors by
+a finisher (on the thread that completed the calls), sends and receives posted on their own threads.
+These enter the same stream, and a Work of CUDA tensors is complete only once that stream is: its
+Future may complete on another thread and be read there on another stream (DDP's comm hooks), so
+"done" must mean the bytes are in place, not merely queued.
+
+Nothing here touches CUDA for CPU tensors: the check is ``torch.cuda.is_initialized()`` first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_local = threading.local()
+
+
+class CallerStream:
+    """The CUDA device and torch stream that were current where a collective was called.
+
+    Args:
+        device: the CUDA ordinal of the call's tensors.
+        stream: torch's current stream on that device at the call.
+    """
+
+    __slots__ = ("device", "stream")
+
+    def __init__(self, device: int, stream: torch.cuda.Stream) -> None:
+        self.device = device
+        self.stream = stream
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """Makes this device, and this stream as torch's and CuPy's current stream, current on the
+        calling thread for the duration (restored afterwards)."""
+        import cupy
+
+        external = cupy.cuda.ExternalStream(int(self.stream.cuda_stream), self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream), cupy.cuda.Device(self.device), external:
+            yield
+
+    def synchronize(self) -> None:
+        """Waits until everything queued on the stream so far has run."""
+        self.stream.synchronize()
+
+
+def _first_tensor(value: Any, depth: int = 0) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if depth < 3 and isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def caller_stream_of(values: tuple[Any, ...]) -> CallerStream | None:
+    """The caller's stream for the first CUDA tensor among ``values`` (tensors, or lists of them, or
+    lists of lists); None when CUDA is not initialized or the first tensor found is not a CUDA one."""
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return None  # no CUDA tensor can exist in this process yet
+    tensor = _first_tensor(values)
+    if tensor is None or not tensor.is_cuda:
+        return None
+    device = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    return CallerStream(device, torch.cuda.current_stream(device))
+
+
+def current() -> CallerStream | None:
+    """The caller's stream of the process-group method running on this thread, if its tensors are CUDA."""
+    stream: CallerStream | None = getattr(_local, "stream", None)
+    return stream
+
+
+def on_caller_stream(fn: F) -> F:
+    """Decorates a process-group method: while it runs, torch's current stream of its tensors' device is
+    CuPy's current stream too, and :func:`current` returns it (None for CPU tensors)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        stream = caller_stream_of(args[1:])
+        if stream is None:
+            return fn(*args, **kwargs)
+        previous = current()
+        _local.stream = stream
+        try:
+            with stream.entered():
+                return fn(*args, **kwargs)
+        finally:
+            _local.stream = previous
+
+    return cast(F, wrapper)
+
+
+def run_on(stream: CallerStream | None, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on another thread as if on the caller's: inside ``stream`` (when not None), then waits
+    for the stream, so that the result is in place when this returns."""
+    if stream is None:
+        return fn()
+    with stream.entered():
+        result = fn()
+        stream.synchronize()
+    return result
