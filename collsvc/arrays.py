@@ -114,6 +114,12 @@ def _cupy_dtype_name(arr: Any) -> str:
     return dtype_name(np.dtype(arr.dtype))
 
 
+def is_writable(array: Any) -> bool:
+    """Whether the backends may write into ``array`` (numpy's ``writeable`` flag; CuPy arrays have no
+    read-only mode, and CuPy's flags object has no such attribute)."""
+    return bool(getattr(array.flags, "writeable", True))
+
+
 def to_host(a: Adapted) -> np.ndarray:
     """The array as numpy with its logical dtype (a copy to the host for GPU arrays)."""
     if not a.on_gpu:

@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.arrays import Adapted, adapt, check_out_shape, from_device, from_host, to_host, write_into
+from collsvc.arrays import (
+    Adapted,
+    adapt,
+    check_out_shape,
+    from_device,
+    from_host,
+    is_writable,
+    to_host,
+    write_into,
+)
 from collsvc.types import numpy_dtype
 
 
@@ -134,7 +143,7 @@ class Operand:
         return _contiguous(self.source(), self.on_device).reshape(-1)
 
     def _usable_in_place(self, array: Any, adapted: Adapted) -> bool:
-        return (self.on_device or not adapted.on_gpu) and bool(array.flags.c_contiguous) and bool(array.flags.writeable)
+        return (self.on_device or not adapted.on_gpu) and bool(array.flags.c_contiguous) and is_writable(array)
 
     def work_buffer(self) -> Buffer:
         """A flat buffer holding the input that the backend may overwrite with the result.

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.arrays import Adapted, adapt
+from collsvc.arrays import Adapted, adapt, is_writable
 from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.operands import Operand, check_writable, empty
 from collsvc.types import ReduceOp, check_op_dtype, numpy_dtype
@@ -115,7 +115,7 @@ def broadcast(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
             # Backends only read the source's buffer: send straight from x, and make the source's own
             # result copy afterwards, off the other ranks' critical path.
             flat = operand.flat()
-            if not flat.flags.writeable:  # backends take one buffer type for every rank
+            if not is_writable(flat):  # backends take one buffer type for every rank
                 flat = flat.copy()
             backend.broadcast(call, flat, src)
             if out is x:

@@ -113,12 +113,18 @@ def reduce_op(op: Any) -> tuple[ReduceOp, Any]:
     """(collsvc op, pre-multiplier or None) for a torch ``ReduceOp`` (PREMUL_SUM = scale, then SUM).
 
     Raises:
-        ValueError: an op collsvc does not know.
+        ValueError: an op collsvc does not know, or PREMUL_SUM on a torch that hides its factor.
     """
     given: Any = op
     kind = getattr(given, "op", given)  # a ReduceOp object, or a bare RedOpType
     if kind == _RED.PREMUL_SUM:
-        return ReduceOp.SUM, given.factor
+        factor = getattr(given, "factor", None)
+        if factor is None:
+            raise ValueError(
+                f"reduce op PREMUL_SUM needs torch's ReduceOp.factor, which torch {torch.__version__} does not give "
+                "Python backends (torch 2.13 does); scale the tensor and use SUM, or upgrade torch"
+            )
+        return ReduceOp.SUM, factor
     if kind not in _OPS:
         raise ValueError(f"reduce op {op} is not supported by the collsvc backend")
     return _OPS[kind], None

@@ -141,3 +141,29 @@ def test_collectives_keep_the_order_of_the_callers_stream(world_size: int) -> No
 def test_ddp_and_fsdp2_train_on_cuda(world_size: int) -> None:
     result = run_torch(trainings_on_cuda, world_size, env=ONE_GPU, timeout=300)
     assert set(result.values[0]) == {"ddp-default", "ddp-comm_hook", "ddp-bucket_view", "fsdp2"}
+
+
+def dead_rank_with_cuda_tensors(rank: int, n: int) -> dict[str, Any]:
+    from tests.torch import test_errors
+
+    _on_the_gpu()
+    return test_errors.dies_after_first_step(rank, n)
+
+
+def mismatch_with_cuda_tensors(rank: int, n: int) -> dict[str, Any]:
+    from tests.torch import test_errors
+
+    _on_the_gpu()
+    return test_errors.mismatched_calls(rank, n)
+
+
+def test_dead_rank_and_mismatch_name_the_rank_with_cuda_tensors() -> None:
+    dead = run_torch(dead_rank_with_cuda_tensors, 3, env=ONE_GPU, allow_failures=True, timeout=180)
+    assert dead.outcomes[2].exitcode == 3
+    for outcome in dead.outcomes[:2]:
+        assert outcome.error is None, outcome.error
+        assert outcome.value["ranks"] == [2] and outcome.value["future"] == "RankFailedError", outcome.value
+        assert outcome.value["seconds"] < 30.0, outcome.value
+    mismatch = run_torch(mismatch_with_cuda_tensors, 2, env=ONE_GPU, timeout=180)
+    for value in mismatch.values:
+        assert value["type"] == "CollectiveMismatchError" and "SUM" in value["message"], value

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from collsvc import errors
-from collsvc.arrays import adapt, check_out_shape, from_host, write_into
+from collsvc.arrays import adapt, check_out_shape, from_host, is_writable, write_into
 from collsvc.config import resolve_init
 from collsvc.types import BFLOAT16, ReduceOp, check_op_dtype
 
@@ -98,6 +98,22 @@ def test_error_round_trip_keeps_structure() -> None:
         rebuilt = errors.build_error(errors.reason_for(error), "x", errors.error_details(error))
         assert type(rebuilt) is type(error)
         assert errors.error_details(rebuilt) == errors.error_details(error)
+
+
+def test_writable_reads_numpy_flags_and_takes_cupy_arrays_as_writable() -> None:
+    read_only = np.zeros(3)
+    read_only.flags.writeable = False
+    assert is_writable(np.zeros(3)) and not is_writable(read_only)
+
+    class CupyFlags:  # CuPy 14's flags: contiguity and ownership, no writeable (its arrays have no read-only mode)
+        c_contiguous = True
+        f_contiguous = True
+        owndata = True
+
+    class CupyLike:
+        flags = CupyFlags()
+
+    assert is_writable(CupyLike())
 
 
 def test_numpy_and_bfloat16_adaptation() -> None:

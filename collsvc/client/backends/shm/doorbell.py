@@ -9,9 +9,9 @@ lives.
 Messages are tiny: ``HELLO`` carries a segment descriptor (``SCM_RIGHTS``) while the group forms,
 ``ARRIVE`` is a rank reaching barrier generation ``g`` (optionally with a call descriptor), ``RELEASE``
 is local rank 0 ending a central barrier (with every rank's descriptor), ``WAKE`` interrupts a blocked
-wait (``fail``, or a peer's arrival at a barrier of ``board.py``). The arrival state is the truth, datagrams are its transport: the
-kernel's socket locks order every shared-memory write a sender made before it sent with every read the
-receiver makes after it received, on any CPU architecture.
+wait (``fail``, or a peer's arrival at a barrier of ``board.py``). The arrival state is the truth,
+datagrams are its transport: the kernel's socket locks order every shared-memory write a sender made
+before it sent with every read the receiver makes after it received, on any CPU architecture.
 
 Sends never block the caller indefinitely: a peer's queue is bounded (``net.unix.max_dgram_qlen``,
 often 10), so a full queue is waited on with ``poll`` while this rank keeps draining its own inbox,
