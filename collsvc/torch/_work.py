@@ -128,11 +128,19 @@ class CollsvcWork(_Work):  # type: ignore[misc]
             self._complete()
 
     def _settle(self, results: list[Any] | None) -> None:
-        """Runs the finisher on the calls' results (read from the calls when None); records any error."""
+        """Runs the finisher on the calls' results; records any error.
+
+        ``results`` are given when the calls ran on the caller's thread; None when they completed on
+        another thread (read from the calls then, and for CUDA tensors the finisher runs on the caller's
+        stream, which is waited for).
+        """
         try:
-            if results is None:
-                results = [call.result() for call in self._calls]
-            finish, finished = self._finish, results
+            finish = self._finish
+            if results is not None:  # on the caller's thread, on its stream: ordered like any kernel of it
+                if finish is not None:
+                    finish(results)
+                return
+            finished = [call.result() for call in self._calls]
             if finish is not None or self._stream is not None:
                 run_on(self._stream, lambda: finish(finished) if finish is not None else None)
         except CollsvcError as exc:

@@ -89,6 +89,12 @@ def side_stream_ordering(rank: int, n: int) -> list[str]:
             if work is not None:
                 work.wait()
             assert float(y.sum()) == float(sum(range(1, n + 1))) * (1 << 20), y[:4]
+        # collsvc's own API with torch tensors: DLPack orders CuPy's stream after torch's side stream.
+        comm = dist.distributed_c10d._get_default_group().communicator
+        w = torch.zeros(1 << 20, device=device)
+        _slow_then_fill(w, float(rank + 1))
+        rows = comm.all_gather(w).view(n, -1)[:, 0].tolist()
+        assert rows == [float(r + 1) for r in range(n)], rows
         # A future read on torch's completion thread sees the result in place.
         z = torch.zeros(4096, device=device)
         _slow_then_fill(z, 1.0)

@@ -20,7 +20,7 @@ from collsvc.client.backends.base import Call, GroupSpec, Signature
 from collsvc.client.backends.nccl import backend as nccl_module
 from collsvc.client.backends.nccl.backend import NcclBackend
 from collsvc.client.backends.nccl.dtypes import Mode, plan_reduction
-from collsvc.client.backends.nccl.watchdog import Pending, Watchdog
+from collsvc.client.backends.nccl.watchdog import Pending, Watchdog, wait_for
 from collsvc.errors import AbortedError, CollectiveTimeoutError, CollsvcError, RankFailedError
 from collsvc.types import BITWISE_OPS, ReduceOp, check_op_dtype, numpy_dtype
 from tests.gpu import fake_cupy
@@ -375,3 +375,34 @@ def test_watchdog_fails_an_operation_stuck_past_its_deadline() -> None:
     watchdog.check_once(now=100.6)
     assert isinstance(p.error, CollectiveTimeoutError) and failed == [p.error]
     watchdog.stop()
+
+
+def test_wait_polls_without_sleeping_first_then_sleeps_briefly() -> None:
+    """A small operation is seen done within microseconds (no sleep, whose shortest real length is tens
+    of microseconds); a long one is polled with sleeps of at most 200 us, so it is seen done soon after."""
+    now = [0.0]
+    sleeps: list[float] = []
+    polls = [0]
+
+    def clock() -> float:
+        now[0] += 5e-6  # each poll takes 5 us
+        return now[0]
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    def done_after(seconds: float) -> Any:
+        def done() -> bool:
+            polls[0] += 1
+            return now[0] >= seconds
+
+        return done
+
+    pending = Pending("all_reduce", 10.0, 10.0, lambda error: None)
+    kwargs: dict[str, Any] = dict(failure=Failure(), broken=lambda: None, check_async=lambda: None, clock=clock)
+    wait_for(done_after(150e-6), pending, sleep=sleep, **kwargs)
+    assert sleeps == [] and polls[0] > 10
+    now[0], sleeps[:] = 0.0, []
+    wait_for(done_after(0.05), pending, sleep=sleep, **kwargs)
+    assert sleeps and max(sleeps) <= 200e-6 and now[0] < 0.05 + 250e-6

@@ -5,7 +5,8 @@ GPU forever, and ``ncclCommAbort`` is the only way out. So every operation is tr
 :class:`Pending` with the call's deadline:
 
 - the calling thread waits in :func:`wait_for`, polling the completion event, NCCL's asynchronous error,
-  the job's recorded failure and the deadline, with short sleeps that grow to 1 ms;
+  the job's recorded failure and the deadline: without sleeping for the first 200 us, then with
+  sleeps that grow to 200 us;
 - a :class:`Watchdog` thread checks the same conditions every few tens of milliseconds for the case the
   caller cannot: a thread stuck *inside* an NCCL call (a blocking group end, say). Past the deadline plus
   a grace period, or as soon as a failure is recorded, it aborts the communicator, which releases the
@@ -89,7 +90,8 @@ def wait_for(
     check_async: Callable[[], None],
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-    max_sleep: float = 1e-3,
+    spin: float = 200e-6,
+    max_sleep: float = 200e-6,
 ) -> None:
     """Returns when ``done()`` is true; raises once the operation failed, timed out or was aborted.
 
@@ -99,6 +101,10 @@ def wait_for(
         failure: the job's recorded failure, polled every iteration.
         broken: the backend's own abort error, if ``abort`` was called.
         check_async: raises when NCCL reports an asynchronous error on the communicator.
+        spin: seconds to poll without sleeping first: a small operation finishes within a few tens of
+            microseconds, and the shortest sleep lasts longer than that (timer slack and the wake-up).
+        max_sleep: the longest sleep between polls after that (how late a long operation may be seen
+            done).
 
     Raises:
         CollectiveTimeoutError: the deadline passed first (``waiting_on`` is empty: NCCL cannot say
@@ -107,6 +113,7 @@ def wait_for(
         CollsvcError: NCCL reported an error.
     """
     delay = 20e-6
+    spin_until = clock() + spin
     while True:
         if pending.error is not None:
             raise pending.error
@@ -121,8 +128,11 @@ def wait_for(
             error = CollsvcError(f"nccl {pending.description} failed: {exc}")
             error.__cause__ = exc
             raise pending.fail(error) from exc
-        if clock() >= pending.deadline:
+        now = clock()
+        if now >= pending.deadline:
             raise pending.fail(pending.timeout_error())
+        if now < spin_until:
+            continue
         sleep(delay)
         delay = min(delay * 2, max_sleep)
 
