@@ -19,6 +19,7 @@ raises.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -132,6 +133,7 @@ def wait_for(
         if now >= pending.deadline:
             raise pending.fail(pending.timeout_error())
         if now < spin_until:
+            os.sched_yield()  # lets this process's other threads (heartbeats, the coordinator) take the GIL
             continue
         sleep(delay)
         delay = min(delay * 2, max_sleep)
