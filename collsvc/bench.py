@@ -154,10 +154,29 @@ def plot(rows_by_label: dict[str, list[dict[str, Any]]], path: str, title: str) 
     fig.savefig(path, dpi=110)
 
 
+def cuda_unavailable() -> str | None:
+    """Why this machine cannot run ``--device cuda`` (no CuPy, or no GPU CuPy can use); None when it can."""
+    try:
+        import cupy
+
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # ImportError, or CUDA's own error without a driver or device
+        return f"CuPy cannot use a GPU here ({type(exc).__name__}: {exc})"
+    return None if count > 0 else "CuPy sees no CUDA GPU"
+
+
 def main(args: argparse.Namespace) -> int:
     """Entry point of ``collsvc bench`` (arguments parsed by collsvc.cli)."""
     if args.op not in OPS:
         print(f"collsvc bench: --op must be one of {', '.join(OPS)}", file=sys.stderr)
+        return 2
+    reason = cuda_unavailable() if args.device == "cuda" else None
+    if reason is not None:
+        print(
+            f"collsvc bench: --device cuda needs CuPy and a CUDA GPU: {reason}; install CuPy with "
+            "pip install 'collsvc[cuda12]' (or '[cuda13]')",
+            file=sys.stderr,
+        )
         return 2
     try:
         sizes = size_range(args.sizes, getattr(args, "factor", 4) or 4)

@@ -25,7 +25,7 @@ from cupy.cuda import nccl
 print("nccl", nccl.get_version())
 EOF
 
-python3 -m pytest -m gpu tests/gpu -q -rfEs -p no:cacheprovider --timeout 300 2>&1 | tee "$out/pytest.txt"
+python3 -m pytest tests/gpu -q -rfEs -p no:cacheprovider --timeout 300 2>&1 | tee "$out/pytest.txt"
 status=${PIPESTATUS[0]}
 
 timeout 120 python3 benchmarks/nccl_overhead.py --sizes 4K,1M,16M,256M --iters 50 2>&1 | tee "$out/nccl_overhead.txt"

@@ -49,6 +49,17 @@ def test_bench_table_shows_p50_and_p99() -> None:
     assert row.split()[:5] == ["4096", "1024", "float32", "8", "3"]
 
 
+def test_bench_on_cuda_without_a_gpu_says_so_before_starting_ranks() -> None:
+    from collsvc.bench import cuda_unavailable
+
+    if cuda_unavailable() is None:
+        pytest.skip("this machine has a GPU CuPy can use")
+    done = run_cli("bench", "-n", "2", "--device", "cuda", "--backend", "ring", "--sizes", "4K", timeout=RUN_TIMEOUT)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("collsvc bench: --device cuda needs CuPy and a CUDA GPU:"), done.stderr
+    assert "Traceback" not in done.stderr and "rank" not in done.stderr, done.stderr
+
+
 def test_waiting_for_ranks_reports_the_failed_one_while_its_peer_still_waits() -> None:
     # Rank 0 blocks until its stdin closes (a peer waiting for the failed rank); rank 1 fails.
     waiting = [sys.executable, "-c", "import sys; sys.stdin.read()"]
