@@ -38,6 +38,7 @@ _OPS = {
     _RED.BXOR: ReduceOp.BXOR,
     _RED.AVG: ReduceOp.AVG,
 }
+_OPS_BY_VALUE = {int(kind): ours for kind, ours in _OPS.items()}
 
 
 class Issuer:
@@ -116,7 +117,13 @@ def reduce_op(op: Any) -> tuple[ReduceOp, Any]:
         ValueError: an op collsvc does not know, or PREMUL_SUM on a torch that hides its factor.
     """
     given: Any = op
-    kind = getattr(given, "op", given)  # a ReduceOp object, or a bare RedOpType
+    kind = given if isinstance(given, _RED) else getattr(given, "op", given)  # a bare RedOpType, or a ReduceOp
+    try:
+        found = _OPS_BY_VALUE.get(int(kind))  # int keys: pybind's enum hashing and == cost ~1 us each
+    except (TypeError, ValueError):
+        raise ValueError(f"reduce op {op} is not supported by the collsvc backend") from None
+    if found is not None:
+        return found, None
     if kind == _RED.PREMUL_SUM:
         factor = getattr(given, "factor", None)
         if factor is None:
@@ -125,9 +132,7 @@ def reduce_op(op: Any) -> tuple[ReduceOp, Any]:
                 "Python backends (torch 2.13 does); scale the tensor and use SUM, or upgrade torch"
             )
         return ReduceOp.SUM, factor
-    if kind not in _OPS:
-        raise ValueError(f"reduce op {op} is not supported by the collsvc backend")
-    return _OPS[kind], None
+    raise ValueError(f"reduce op {op} is not supported by the collsvc backend")
 
 
 def single(tensors: Sequence[Any]) -> Any:

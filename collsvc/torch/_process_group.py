@@ -52,6 +52,8 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         job_timeout = comm.job.options.timeout
         self._wait_limit = timeout if timeout < job_timeout else None
         self._p2p = PointToPoint(comm)
+        self._inline_issuer = ops.Issuer(comm, inline=True)
+        self._async_issuer = ops.Issuer(comm, inline=False)
         self._on_shutdown = on_shutdown
         self._shut = False
         self._group_name = comm.name
@@ -82,7 +84,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         self._group_desc = desc
 
     def _ops(self) -> ops.Issuer:
-        return ops.Issuer(self._comm, inline=ops.caller_waits())
+        return self._inline_issuer if ops.caller_waits() else self._async_issuer
 
     def _work(self, calls: Sequence[Any], outputs: list[torch.Tensor], finish: Finisher | None, what: str) -> Any:
         description = f"{what} in group '{self._comm.name}' (rank {self._comm.rank} of {self._comm.size})"
