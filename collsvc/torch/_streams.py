@@ -75,8 +75,12 @@ class CallerStream:
             yield
 
     def synchronize(self) -> None:
-        """Waits until everything queued on the stream so far has run."""
-        self._cupy().synchronize()
+        """Waits until everything queued on the stream so far has run (on any thread: the stream's
+        device is made current first, as the legacy default stream, 0, is the current device's)."""
+        import cupy
+
+        with cupy.cuda.Device(self.device):
+            self._cupy().synchronize()
 
 
 def _current_raw_stream(device: int) -> int:

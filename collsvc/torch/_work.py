@@ -141,8 +141,10 @@ class CollsvcWork(_Work):  # type: ignore[misc]
                     finish(results)
                 return
             finished = [call.result() for call in self._calls]
-            if finish is not None or self._stream is not None:
-                run_on(self._stream, lambda: finish(finished) if finish is not None else None)
+            if finish is not None:
+                run_on(self._stream, lambda: finish(finished))
+            elif self._stream is not None:
+                self._stream.synchronize()  # nothing to run on it: no need to enter it
         except CollsvcError as exc:
             self._error = to_torch_error(exc)
         except BaseException as exc:  # noqa: BLE001 - any failure belongs to whoever waits on this Work
