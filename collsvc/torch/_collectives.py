@@ -119,12 +119,13 @@ def reduce_op(op: Any) -> tuple[ReduceOp, Any]:
     given: Any = op
     kind = given if isinstance(given, _RED) else getattr(given, "op", given)  # a bare RedOpType, or a ReduceOp
     try:
-        found = _OPS_BY_VALUE.get(int(kind))  # int keys: pybind's enum hashing and == cost ~1 us each
+        value = int(kind)
     except (TypeError, ValueError):
-        raise ValueError(f"reduce op {op} is not supported by the collsvc backend") from None
+        value = -1  # not a reduce op at all
+    found = _OPS_BY_VALUE.get(value)  # int keys: pybind's enum hashing and == cost ~1 us each
     if found is not None:
         return found, None
-    if kind == _RED.PREMUL_SUM:
+    if value == int(_RED.PREMUL_SUM):
         factor = getattr(given, "factor", None)
         if factor is None:
             raise ValueError(

@@ -20,11 +20,8 @@ OUTPUTS = ("environment.txt", "pytest.txt", "nccl_overhead.txt", "torch_cuda.txt
 def test_gpu_checks_script_says_what_it_skipped_without_a_gpu(tmp_path: Path) -> None:
     if gpu_reason() is None:
         pytest.skip("a GPU is here: run scripts/gpu_checks.sh itself")
-    env = {
-        **cli_env(),
-        "PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join([str(REPO), cli_env().get("PYTHONPATH", "")]),
-    }
+    base = cli_env()
+    env = {**base, "PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")])}
     done = subprocess.run(
         ["bash", str(REPO / "scripts" / "gpu_checks.sh"), str(tmp_path)],
         cwd=REPO,
