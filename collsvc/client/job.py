@@ -27,8 +27,9 @@ from collsvc.client.devices import choose_backend, local_device
 from collsvc.client.failure_state import FailureState
 from collsvc.client.heartbeat import Watcher
 from collsvc.client.peer_address import peer_binding
-from collsvc.client.progress import ProgressTracker
+from collsvc.client.progress import OpRecord, ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
+from collsvc.client.timeout_report import who_is_missing
 from collsvc.client.work import OrderedExecutor
 from collsvc.config import coordinator_ready_fd, timeline_target
 from collsvc.errors import (
@@ -39,7 +40,7 @@ from collsvc.errors import (
     RendezvousError,
 )
 from collsvc.failure_report import install as install_failure_report
-from collsvc.observability.recorder import CallRecorder
+from collsvc.observability.recorder import CallRecorder, Span
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
 from collsvc.types import InitOptions, Limits
 
@@ -180,12 +181,16 @@ class Job:
                 with gpu_context():
                     result = body(call, backend)
         except CollsvcError as exc:
-            self.progress.finish(record, type(exc).__name__)
-            self.recorder.finish(span, type(exc).__name__)
-            raise self.on_failure(call, exc) from exc
+            raise self.call_failed(call, record, span, exc) from exc
         self.progress.finish(record)
         self.recorder.finish(span)
         return result
+
+    def call_failed(self, call: Call, record: OpRecord, span: Span, error: CollsvcError) -> CollsvcError:
+        """Records a failed call (its progress ``record``, recorder ``span``); returns what its caller raises."""
+        self.progress.finish(record, type(error).__name__)
+        self.recorder.finish(span, type(error).__name__)
+        return self.on_failure(call, error)
 
     def on_failure(self, call: Call, error: CollsvcError) -> CollsvcError:
         """Turns a failed call into the error every caller sees, and tells the others.
@@ -199,7 +204,7 @@ class Job:
             log.info("job %s rank %d: %s", self.options.job_id, self.rank, error)
             return error
         if isinstance(error, CollectiveTimeoutError) and self.failure.error() is None:
-            error = self._timeout_error(call, error)
+            error = who_is_missing(self.client, self.hosts, self.rank, self.options.timeout, call, error)
         if isinstance(error, CollectiveMismatchError):
             details = {str(k): v for k, v in error.details.items()}
             self.client.report(coordinator_pb2.EVENT_KIND_COLLECTIVE_MISMATCH, str(error), details)
@@ -217,29 +222,6 @@ class Job:
     def _departure(self, error: RankFailedError) -> bool:
         """Whether ``error`` only says that members left cleanly (no failure recorded meanwhile)."""
         return self.failure.error() is None and self.departed.all_gone(error.ranks)
-
-    def _timeout_error(self, call: Call, error: CollectiveTimeoutError) -> CollectiveTimeoutError:
-        waiting = error.waiting_on
-        try:
-            not_started = self.client.progress(call.group.name, call.seq)
-        except CollsvcError as exc:
-            log.warning("job %s rank %d: could not ask who is missing: %s", self.options.job_id, self.rank, exc)
-            not_started = []
-        if not_started:
-            waiting = not_started
-        hosts = self.hosts
-        for entry in waiting:
-            entry.setdefault("host", hosts.get(int(entry["rank"]), ""))
-        named = ", ".join(
-            f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})" for w in waiting
-        )
-        limit = self.options.timeout if call.timeout is None else call.timeout  # barrier(timeout=...)
-        return CollectiveTimeoutError(
-            f"{call.signature.op} #{call.seq} in group '{call.group.name}' timed out after "
-            f"{limit:g}s on rank {self.rank} (the timeout of this call); "
-            f"waiting on rank{'s' if len(waiting) > 1 else ''} {named}",
-            waiting,
-        )
 
     def close(self) -> None:
         """Leaves the job and releases every resource (idempotent)."""

@@ -83,6 +83,11 @@ class OrderedExecutor:
             self._queued += 1
         return self._pool.submit(self._wrap(fn))
 
+    @property
+    def idle(self) -> bool:
+        """Whether nothing is queued or running here: a synchronous call may run inline now."""
+        return self._queued == 0
+
     def run(self, fn: Callable[[], T]) -> T:
         with self._lock:
             idle = self._queued == 0

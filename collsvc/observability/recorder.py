@@ -65,14 +65,7 @@ class CallRecorder:
         end = time.time_ns()
         call, start, reduce_start = span
         signature, group = call.signature, call.group
-        sizes = self._sizes.get((signature, group.size))
-        if sizes is None:
-            nbytes = call_bytes(signature.dtype, signature.shape)
-            sizes = (nbytes, bus_bytes(signature.op, nbytes, group.size))
-            if len(self._sizes) >= 1024:
-                self._sizes.clear()
-            self._sizes[(signature, group.size)] = sizes
-        nbytes, bus = sizes
+        nbytes, bus = self.sizes(signature, group.size)
         self.stats.record(signature.op, group.name, nbytes, (end - start) / 1e9, bus, outcome == "ok")
         if self.timeline is None:
             return
@@ -93,6 +86,18 @@ class CallRecorder:
                 self._calls.append(entry)
             else:
                 self._dropped += 1
+
+    def sizes(self, signature: Any, group_size: int) -> tuple[int, float]:
+        """The (input bytes, bus bytes) the statistics count for a call of ``signature`` in a group of
+        ``group_size`` (see :func:`~collsvc.observability.stats.bus_bytes`)."""
+        sizes = self._sizes.get((signature, group_size))
+        if sizes is None:
+            nbytes = call_bytes(signature.dtype, signature.shape)
+            sizes = (nbytes, bus_bytes(signature.op, nbytes, group_size))
+            if len(self._sizes) >= 1024:
+                self._sizes.clear()
+            self._sizes[(signature, group_size)] = sizes
+        return sizes
 
     def close(self) -> None:
         """Writes the timeline part, once (a failure to write is logged, never raised).

@@ -54,10 +54,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "collsvc.client.failure_state",
             "collsvc.client.devices",
             "collsvc.client.work",
+            "collsvc.client.timeout_report",
         ),
     ),
     ("job", ("collsvc.client.job",)),
-    ("ops", ("collsvc.client.ops", "collsvc.client.operands", "collsvc.client.bucketing", "collsvc.client.objects")),
+    (
+        "ops",
+        (
+            "collsvc.client.ops",
+            "collsvc.client.operands",
+            "collsvc.client.bucketing",
+            "collsvc.client.objects",
+            "collsvc.client.fast_path",
+        ),
+    ),
     ("communicator", ("collsvc.client",)),
     ("api", ("collsvc._api",)),
     ("elastic", ("collsvc.elastic",)),  # the rank side: State, run, membership

@@ -73,6 +73,17 @@ def _has_native_loop(ufunc: Any, dtype: np.dtype) -> bool:
     return known
 
 
+def native_ufunc(op: ReduceOp, dtype: np.dtype) -> Any:
+    """The ufunc that applies ``op`` to ``dtype`` in one same-type kernel, or None where numpy has no
+    such loop (bfloat16 arithmetic, which :func:`reduce_to` does in float32).
+
+    Raises:
+        TypeError: ``op`` is not a :class:`ReduceOp`.
+    """
+    ufunc = ufunc_for(op, dtype)
+    return ufunc if _has_native_loop(ufunc, dtype) else None
+
+
 def check_reducible(op: ReduceOp, dtype: np.dtype) -> None:
     """Checks that :func:`reduce_into` can apply ``op`` to ``dtype``, before any frame is sent.
 

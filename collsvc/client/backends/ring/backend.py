@@ -25,7 +25,7 @@ from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring import algorithms
 from collsvc.client.backends.ring.host_barrier import pass_for_host
 from collsvc.client.backends.ring.topology import Topology, plan
-from collsvc.client.backends.shm.groups import LocalGroups
+from collsvc.client.backends.shm.groups import LocalGroups, SharedAllReduce
 from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
 
@@ -161,6 +161,29 @@ class RingBackend:
             self._run(call, lambda ch: algorithms.all_reduce(ch, buf, inner, **self._small))
         if op is ReduceOp.AVG:
             finish_average(buf, call.group.size)
+
+    def shared_all_reduce(
+        self, group: GroupSpec, key: str, dtype: np.dtype, count: int, op: ReduceOp, digest: int
+    ) -> SharedAllReduce | None:
+        """How :meth:`all_reduce` runs calls of ``count`` elements of ``dtype`` with ``op`` on stream
+        ``key`` of ``group``, prepared once, when they take one shared-memory barrier (the whole group
+        on this host, a small array, its shared-memory group already made by an earlier call); else None.
+
+        Raises:
+            TypeError: ``op`` is not defined for ``dtype``.
+            CollsvcError: the shared-memory group failed or was closed.
+        """
+        topo = self._topology(group)
+        if topo is None or self._local_groups is None or not topo.single_host or group.size == 1:
+            return None
+        found = self._local_groups.existing(key, topo.local)
+        if found is None:
+            return None
+        shared, watch = found
+        prepared = shared.prepare_all_reduce(dtype, count, reduced_as(op), digest)
+        if prepared is None:
+            return None
+        return SharedAllReduce(shared, watch, prepared, topo.local, group.size if op is ReduceOp.AVG else 0)
 
     def _use_hierarchy(self, topo: Topology) -> bool:
         if self._hierarchical == "never" or topo.hosts < 2:

@@ -19,10 +19,14 @@ barrier, before any data is combined, and stay in step for the next call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from collsvc.client.backends.reduction import finish_average, reduce_parts
-from collsvc.client.backends.shm.steps import StepEngine
+from collsvc.client.backends.reduction import finish_average, native_ufunc, reduce_parts
+from collsvc.client.backends.shm.descriptor import encode as encode_call
+from collsvc.client.backends.shm.steps import CallScope, StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
 
 # Below this many bytes all_reduce/reduce take one barrier and every rank reduces everything itself.
@@ -182,6 +186,67 @@ class LocalGroup(StepEngine):
         with self._call("barrier", empty, 0, None, None, digest, deadline) as body:
             self._step(deadline, body)
 
+    # -- repeated small all_reduce -------------------------------------------------------------------
+
+    def prepare_all_reduce(self, dtype: np.dtype, count: int, op: ReduceOp, digest: int) -> SmallAllReduce | None:
+        """What :meth:`run_all_reduce` needs for all_reduce calls of ``count`` elements of ``dtype``,
+        worked out once; None where such a call does not take the one-barrier path (too large, a
+        group of one, a dtype numpy has no loop for) and must go through :meth:`all_reduce`.
+
+        Raises:
+            TypeError: ``op`` is not defined for ``dtype``.
+            CollsvcError: the group failed or is closed.
+        """
+        check_op_dtype(op, dtype)
+        ufunc = native_ufunc(op, dtype)
+        nbytes = count * dtype.itemsize
+        if self._solo() or ufunc is None or not 0 < nbytes <= min(_DIRECT_BYTES, self._layout.slot_bytes):
+            return None
+        views = self._all_views(dtype)
+        inputs = [[v.inputs[parity][:count] for v in views] for parity in (0, 1)]
+        return SmallAllReduce(
+            body=encode_call("all_reduce", dtype, count, op, None, digest),
+            descriptions=("all_reduce", dtype, count, op, None),
+            own_inputs=(inputs[0][self._rank], inputs[1][self._rank]),
+            parts=(inputs[0], inputs[1]),
+            ufunc=ufunc,
+            # Integer and boolean loops never warn; floating-point overflow to inf and inf - inf = nan are
+            # results, not warnings (as in _combine).
+            quiet=dtype.kind not in "biu",
+            average=op is ReduceOp.AVG,
+        )
+
+    def run_all_reduce(self, plan: SmallAllReduce, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
+        """:meth:`all_reduce` of ``src`` into ``dst`` (flat, contiguous, ``plan``'s dtype and count;
+        ``dst`` may be ``src``), as ``plan`` prepared it: the same descriptor, barrier and reduction
+        order, so peers may run either method for the same call.
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
+        """
+        self._solo()
+        parity = (self._generation + 1) % 2
+        plan.own_inputs[parity][:] = src
+        self._descriptions = plan.descriptions
+        with CallScope(self, plan.body):
+            self._step(deadline, plan.body)
+        parts = plan.parts[parity]
+        # Into our slot of the other parity first, as _reduce does (same alignment on every rank).
+        scratch = plan.own_inputs[1 - parity]
+        ufunc = plan.ufunc
+        if plan.quiet:
+            with np.errstate(over="ignore", invalid="ignore"):
+                ufunc(parts[0], parts[1], out=scratch)
+                for part in parts[2:]:
+                    ufunc(scratch, part, out=scratch)
+        else:
+            ufunc(parts[0], parts[1], out=scratch)
+            for part in parts[2:]:
+                ufunc(scratch, part, out=scratch)
+        if plan.average:
+            finish_average(scratch, self._size)
+        dst[:] = scratch
+
     def __enter__(self) -> LocalGroup:
         return self
 
@@ -233,6 +298,24 @@ class LocalGroup(StepEngine):
                 parts = [buf[lo + a : lo + z] if r == me else views[r].inputs[parity][a:z] for r in range(n)]
                 _combine(op, views[me].results[1 - parity][: z - a], parts, n)
             pending = current
+
+
+@dataclass(frozen=True)
+class SmallAllReduce:
+    """One all_reduce shape of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_all_reduce`.
+
+    ``body``: the call's descriptor; ``own_inputs``: this rank's input slot of each parity, cut to the
+    call's length; ``parts``: every rank's, per parity; ``quiet``: reduce with floating-point warnings
+    off; ``average``: divide by the group size after the sum.
+    """
+
+    body: bytes
+    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
+    own_inputs: tuple[np.ndarray, np.ndarray]
+    parts: tuple[list[np.ndarray], list[np.ndarray]]
+    ufunc: Any
+    quiet: bool
+    average: bool
 
 
 def _combine(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray], size: int) -> None:

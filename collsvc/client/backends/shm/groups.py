@@ -6,9 +6,13 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
 
 from collsvc.client.backends.base import Call, Signature, last_finished
-from collsvc.client.backends.shm.group import LocalGroup
+from collsvc.client.backends.reduction import finish_average
+from collsvc.client.backends.shm.group import LocalGroup, SmallAllReduce
 
 
 class LocalGroups:
@@ -29,7 +33,7 @@ class LocalGroups:
         self._job_key = job_key
         self._timeout = timeout
         self._groups: dict[tuple[str, tuple[int, ...]], LocalGroup] = {}
-        self._watches: dict[tuple[str, tuple[int, ...]], _CallWatch] = {}
+        self._watches: dict[tuple[str, tuple[int, ...]], CallWatch] = {}
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._departed: dict[int, BaseException] = {}
@@ -54,7 +58,7 @@ class LocalGroups:
             return group
         namespace = hashlib.blake2b(f"{self._job_key}|{call.key}|{local}".encode(), digest_size=12).hexdigest()
         group = LocalGroup(namespace, local_index, len(local), timeout=None)
-        watch = _CallWatch(self, frozenset(call.all_members))
+        watch = CallWatch(self, frozenset(call.all_members))
         watch.follow(call)
         group.watch(watch.check)
         group.label(watch.label)
@@ -75,6 +79,13 @@ class LocalGroups:
             group.close()
             raise
         return group
+
+    def existing(self, key: str, local: tuple[int, ...]) -> tuple[LocalGroup, CallWatch] | None:
+        """The group of stream ``key`` over ``local`` and its watch, if :meth:`get` made it, else None."""
+        with self._lock:
+            group = self._groups.get((key, local))
+            watch = self._watches.get((key, local))
+        return None if group is None or watch is None else (group, watch)
 
     def _check_departures(self, members: frozenset[int], stream: str, seq: int) -> None:
         """Raises the departure that dooms call ``seq`` of ``stream``, if a member left without finishing it."""
@@ -124,7 +135,7 @@ class LocalGroups:
             group.close()
 
 
-class _CallWatch:
+class CallWatch:
     """The call a group is running now, as its departure check and mismatch label see it.
 
     One per group, updated per call (:meth:`follow`), so a call costs no new closures.
@@ -142,6 +153,10 @@ class _CallWatch:
     def follow(self, call: Call) -> None:
         self.stream, self.seq, self.signature = call.progress_stream, call.seq, call.signature
 
+    def follow_numbers(self, stream: str, seq: int, signature: Signature) -> None:
+        """:meth:`follow` for a call not built as a :class:`Call` (the Communicator's fast path)."""
+        self.stream, self.seq, self.signature = stream, seq, signature
+
     def check(self) -> None:
         """Raises the departure of a member that left without finishing the current call."""
         self._groups._check_departures(self.members, self.stream, self.seq)
@@ -149,3 +164,30 @@ class _CallWatch:
     def label(self) -> bytes:
         """The current call's full signature (JSON), for mismatch errors."""
         return self.signature.encode() if self.signature is not None else b""
+
+
+@dataclass(frozen=True)
+class SharedAllReduce:
+    """A small all_reduce over one host's shared memory, prepared by the ring backend's ``shared_all_reduce``.
+
+    ``watch`` must follow each call (its departure check and mismatch label); ``local``: the global
+    ranks of the local members (to name a mismatch); ``average_over``: the group size to divide the
+    sum by (AVG), or 0.
+    """
+
+    group: LocalGroup
+    watch: CallWatch
+    plan: SmallAllReduce
+    local: tuple[int, ...]
+    average_over: int
+
+    def run(self, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
+        """Reduces flat ``src`` into flat ``dst`` (may be ``src``), as the ring backend's ``all_reduce`` would.
+
+        Raises:
+            CollectiveMismatchError (keyed by local rank: see :func:`global_mismatch`) /
+            CollectiveTimeoutError / the group's failure.
+        """
+        self.group.run_all_reduce(self.plan, src, dst, deadline)
+        if self.average_over:
+            finish_average(dst, self.average_over)

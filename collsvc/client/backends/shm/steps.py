@@ -216,11 +216,11 @@ class StepEngine:
         root: int | None,
         digest: int,
         deadline: float,
-    ) -> _CallScope:
+    ) -> CallScope:
         """The scope of one call: ``with self._call(...) as body`` (``body``: the first step's descriptor)."""
         body = encode_call(collective, array.dtype, count, op, root, digest)
         self._descriptions = (collective, array.dtype, count, op, root)
-        return _CallScope(self, body)
+        return CallScope(self, body)
 
     def _step(self, deadline: float, body: bytes | None) -> None:
         """Barrier ``generation + 1``; with ``body`` (first step of a call), also checks descriptors."""
@@ -333,7 +333,7 @@ def _memory_barriers(kind: str) -> bool:
     return kind == "memory" or (kind == "auto" and memory_barriers_supported())
 
 
-class _CallScope:
+class CallScope:
     """Marks a group out of step when a call ends in anything but an agreed mismatch (see ``_call``)."""
 
     __slots__ = ("_engine", "_body")

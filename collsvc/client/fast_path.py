@@ -1,0 +1,155 @@
+"""Repeated synchronous all_reduce calls of numpy arrays within one host, without the general layers.
+
+A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
+``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
+``Call``, a progress record and a recorder span, and looks the shared-memory group up, on every call:
+for a 4 KiB array that is most of the call's time. Once a call took the one-barrier shared-memory path,
+the Communicator keeps what it worked out for that (dtype, shape, op): the signature, the group, the
+step's descriptor, the slot views. A later call with a contiguous numpy array then only numbers
+itself, records its progress and statistics, copies into its slot, meets the peers at the same
+barrier with the same descriptor (so the mismatch check stays on), reduces and copies out.
+
+Everything the peers see is what the general path produces, so ranks may take either path for the
+same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
+Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x``, a
+non-contiguous or read-only array, calls queued on the worker thread, or a job recording its timeline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.backends.ring.backend import global_mismatch
+from collsvc.client.backends.shm.groups import SharedAllReduce
+from collsvc.client.job import Job
+from collsvc.errors import CollectiveMismatchError, CollsvcError
+from collsvc.types import ReduceOp
+
+
+class RepeatedAllReduce:
+    """All_reduce calls of one (dtype, shape, op) of one Communicator, on its shared-memory group."""
+
+    __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_nbytes", "_bus")
+
+    def __init__(self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: SharedAllReduce) -> None:
+        self._job = job
+        self._spec = spec
+        self._stream = stream
+        self._signature = signature
+        self._shared = shared
+        self._nbytes, self._bus = job.recorder.sizes(signature, spec.size)
+
+    @classmethod
+    def prepare(
+        cls, job: Job, spec: GroupSpec, stream: str, signature: Signature, x: np.ndarray, op: ReduceOp
+    ) -> RepeatedAllReduce | None:
+        """The fast path for later calls like this one (``x``: a numpy array that just went through the
+        general path), or None where they cannot take it.
+
+        Raises:
+            TypeError: ``op`` is not defined for ``x``'s dtype (the general path raised it first).
+        """
+        if job.recorder.timeline is not None:
+            return None  # the timeline records per-call phases the general path measures
+        try:
+            shared = job.ring.shared_all_reduce(spec, stream, x.dtype, x.size, op, signature.digest)
+        except CollsvcError:
+            return None  # the group failed meanwhile: the general path raises it
+        return None if shared is None else cls(job, spec, stream, signature, shared)
+
+    def run(self, seq: int, x: np.ndarray, in_place: bool) -> np.ndarray:
+        """Call ``seq`` of the stream with ``x`` (C-contiguous; writable when ``in_place``): the reduction,
+        written into ``x`` when ``in_place``, else into a new array.
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: as the
+                general path raises them, recorded and reported the same way.
+        """
+        job = self._job
+        signature = self._signature
+        limit = job.options.timeout
+        deadline = time.monotonic() + limit
+        record = job.progress.start(self._stream, seq, signature.text)
+        started = time.time_ns()
+        shared = self._shared
+        shared.watch.follow_numbers(self._stream, seq, signature)
+        result = x if in_place else np.empty_like(x)
+        try:
+            shared.run(x.reshape(-1), result.reshape(-1), deadline)
+        except CollsvcError as exc:
+            call = Call(self._spec, self._stream, seq, signature, deadline, limit)
+            error = global_mismatch(call, shared.local, exc) if isinstance(exc, CollectiveMismatchError) else exc
+            raise job.call_failed(call, record, (call, started, 0), error) from error
+        job.progress.finish(record)
+        seconds = (time.time_ns() - started) / 1e9
+        job.recorder.stats.record(signature.op, self._spec.name, self._nbytes, seconds, self._bus, True)
+        return result
+
+
+# How many (dtype, shape, op) of all_reduce a Communicator keeps a fast path for (then it starts over).
+_KEPT = 64
+
+
+class RepeatedCalls:
+    """The fast paths of one Communicator's all_reduce calls, by (dtype, shape, op), learned from the
+    general path.
+
+    Args:
+        job / spec / stream: the Communicator's job, members and sequence stream.
+        check_usable: raises the job's failure or a member's departure (before a call is numbered).
+        next_seq: numbers the next call of a stream.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        spec: GroupSpec,
+        stream: str,
+        check_usable: Callable[[], None],
+        next_seq: Callable[[str], int],
+    ) -> None:
+        self._job, self._spec, self._stream = job, spec, stream
+        self._check_usable, self._next_seq = check_usable, next_seq
+        self._known: dict[tuple[np.dtype, tuple[int, ...], ReduceOp], RepeatedAllReduce | None] = {}
+
+    def all_reduce(self, x: np.ndarray, op: ReduceOp, in_place: bool) -> tuple[bool, np.ndarray | None]:
+        """Runs the call on its fast path if it has one and may take it now.
+
+        Returns:
+            (True, the result) when it ran, (False, None) when the general path must run it.
+
+        Raises:
+            As :meth:`RepeatedAllReduce.run`, or the job's failure.
+        """
+        repeated = self._known.get((x.dtype, x.shape, op))
+        if (
+            repeated is None
+            or not x.flags.c_contiguous
+            or (in_place and not x.flags.writeable)
+            or not self._job.executor.idle  # earlier async calls first, in order
+        ):
+            return False, None
+        self._check_usable()
+        return True, repeated.run(self._next_seq(self._stream), x, in_place)
+
+    def has_fast_path(self, x: np.ndarray, op: ReduceOp) -> bool:
+        """Whether calls like ``x`` with ``op`` have a fast path now (for tests and diagnostics)."""
+        return self._known.get((x.dtype, x.shape, op)) is not None
+
+    def learn(self, x: np.ndarray, op: ReduceOp, signature: Signature) -> None:
+        """Prepares the fast path of calls like ``x`` with ``op`` (which just took the general path
+        with ``signature``), once per (dtype, shape, op).
+
+        Raises:
+            TypeError: ``op`` is not defined for ``x``'s dtype.
+        """
+        key = (x.dtype, x.shape, op)
+        if key in self._known:
+            return
+        if len(self._known) >= _KEPT:
+            self._known.clear()
+        self._known[key] = RepeatedAllReduce.prepare(self._job, self._spec, self._stream, signature, x, op)

@@ -1,0 +1,45 @@
+"""A collective's timeout, told with who never entered the call (the coordinator's view of progress)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from collsvc.client.backends.base import Call
+from collsvc.client.rendezvous import CoordinatorClient
+from collsvc.errors import CollectiveTimeoutError, CollsvcError
+
+log = logging.getLogger(__name__)
+
+
+def who_is_missing(
+    client: CoordinatorClient,
+    hosts: Mapping[int, str],
+    rank: int,
+    job_timeout: float,
+    call: Call,
+    error: CollectiveTimeoutError,
+) -> CollectiveTimeoutError:
+    """``error`` (rank ``rank``'s timeout in ``call``) retold with the ranks the coordinator says never
+    started the call, each with its host and last completed collective; the data plane's own list of
+    late ranks where the coordinator cannot be asked or names none. Never raises."""
+    waiting = error.waiting_on
+    try:
+        not_started = client.progress(call.group.name, call.seq)
+    except CollsvcError as exc:
+        log.warning("rank %d: could not ask who is missing: %s", rank, exc)
+        not_started = []
+    if not_started:
+        waiting = not_started
+    for entry in waiting:
+        entry.setdefault("host", hosts.get(int(entry["rank"]), ""))
+    named = ", ".join(
+        f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})" for w in waiting
+    )
+    limit = job_timeout if call.timeout is None else call.timeout  # barrier(timeout=...)
+    return CollectiveTimeoutError(
+        f"{call.signature.op} #{call.seq} in group '{call.group.name}' timed out after "
+        f"{limit:g}s on rank {rank} (the timeout of this call); "
+        f"waiting on rank{'s' if len(waiting) > 1 else ''} {named}",
+        waiting,
+    )

@@ -1,0 +1,143 @@
+"""The Communicator's fast path for repeated all_reduce calls (client/fast_path.py), on real rank processes.
+
+Each call shape runs several times, so every call after the first takes the fast path; the results are
+checked against numpy, against the general path's bits, and across ranks. Calls the fast path must not
+take (non-contiguous, read-only in place, async, other out) still work; failures name the same ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collsvc
+from collsvc.errors import CollsvcError
+from collsvc.types import ReduceOp
+from tests.harness import coordinator, run_ranks
+from tests.multiproc.checks import DTYPES, allowed, assert_close, assert_identical_everywhere, make, np_dtype, reference
+
+HOST = {"COLLSVC_HOST": "fast-path-host"}  # one host: the shared-memory path
+SHAPES = [(), (1,), (7, 3), (1023,)]
+
+
+def repeated_reductions(comm: collsvc.Communicator) -> int:
+    n, checked = comm.size, 0
+    for dtype in DTYPES:
+        for op in ReduceOp:
+            if not allowed(op, dtype):
+                continue
+            for shape in SHAPES:
+                what = f"{dtype} {op.name} {shape}"
+                expected = reference(op, [make(r, dtype, shape) for r in range(n)])
+                results = []
+                for _ in range(3):  # the first call learns, the others take the fast path
+                    x = np.array(make(comm.rank, dtype, shape))
+                    got = comm.all_reduce(x, op)
+                    assert got is not x and got.dtype == np_dtype(dtype) and got.flags.c_contiguous
+                    assert np.array_equal(x, make(comm.rank, dtype, shape)), f"{what}: input written"
+                    assert_close(got, expected, dtype, what, n)
+                    y = np.array(make(comm.rank, dtype, shape))  # 0-d complex inputs are numpy scalars
+                    assert comm.all_reduce(y, op, out=y) is y
+                    assert_close(y, expected, dtype, f"{what} in place", n)
+                    results += [got.tobytes(), y.tobytes()]
+                assert comm._repeated.has_fast_path(x, op), f"{what}: no fast path was made"
+                assert len(set(results)) == 1, f"{what}: the fast path's bits differ from the general path's"
+                assert_identical_everywhere(comm, got, what)
+                checked += 1
+    return checked
+
+
+def calls_the_fast_path_must_leave(comm: collsvc.Communicator) -> bool:
+    n = comm.size
+    total = n * (n + 1) / 2
+    base = np.arange(48, dtype=np.float64).reshape(8, 6)
+    for _ in range(3):
+        strided = base[:, ::2] * (comm.rank + 1)  # a copy: contiguous
+        view = (base * (comm.rank + 1))[:, ::2]  # not contiguous
+        assert np.array_equal(comm.all_reduce(strided), base[:, ::2] * total)
+        assert np.array_equal(comm.all_reduce(view), base[:, ::2] * total)
+        frozen = np.full(5, comm.rank + 1.0)
+        frozen.flags.writeable = False
+        assert np.array_equal(comm.all_reduce(frozen), np.full(5, total))
+        with pytest.raises(ValueError, match="read-only"):
+            comm.all_reduce(frozen, out=frozen)
+        out = np.empty(5)
+        assert comm.all_reduce(np.full(5, comm.rank + 1.0), out=out) is out and np.array_equal(out, np.full(5, total))
+        # Rank 0 queues this call on its worker thread (async), the others run it on the fast path.
+        x = np.full(5, comm.rank + 1.0)
+        if comm.rank == 0:
+            work = comm.all_reduce(x, async_op=True)
+            got = comm.all_reduce(np.full(5, 1.0))  # behind the async call, in order
+            assert work.wait() and np.array_equal(work.result(), np.full(5, total))
+        else:
+            assert np.array_equal(comm.all_reduce(x), np.full(5, total))
+            got = comm.all_reduce(np.full(5, 1.0))
+        assert np.array_equal(got, np.full(5, float(n)))
+    return True
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_repeated_all_reduce_matches_numpy_and_the_general_path(world_size: int) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(repeated_reductions, world_size, address=address, env=HOST, timeout=240)
+    assert len(set(result.values)) == 1 and result.values[0] > 100
+
+
+def test_calls_the_fast_path_cannot_take_still_work() -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(calls_the_fast_path_must_leave, 3, address=address, env=HOST, timeout=120)
+    assert all(result.values)
+
+
+def mismatch_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
+    for shape in ((8,), (9,)):  # both shapes learned on every rank
+        comm.all_reduce(np.ones(shape))
+    started = time.monotonic()
+    try:
+        comm.all_reduce(np.ones((8,) if comm.rank == 0 else (9,)))
+    except CollsvcError as exc:
+        return {"type": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - started}
+    return {"type": None}
+
+
+def test_a_mismatch_on_the_fast_path_names_both_calls_on_every_rank() -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(mismatch_on_the_fast_path, 2, address=address, env=HOST, timeout=60, allow_failures=True)
+    for rank, seen in enumerate(result.values):
+        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
+        assert "[8]" in seen["message"] and "[9]" in seen["message"], seen["message"]
+        assert seen["elapsed"] < 5.0
+
+
+def dead_peer_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
+    x = np.ones(16)
+    for _ in range(3):
+        comm.all_reduce(x)
+    if comm.rank == 1:
+        comm.job.store.get("survivor-entered", 30.0)
+        os._exit(3)  # a crash: no clean leave
+    comm.job.store.set("survivor-entered", b"1")
+    started = time.monotonic()
+    try:
+        comm.all_reduce(x)
+    except CollsvcError as exc:
+        return {
+            "type": type(exc).__name__,
+            "ranks": list(getattr(exc, "ranks", [])),
+            "elapsed": time.monotonic() - started,
+        }
+    return {"type": None}
+
+
+def test_a_dead_peer_on_the_fast_path_is_named_in_time() -> None:
+    env = {**HOST, "COLLSVC_HEARTBEAT_INTERVAL": "0.3"}
+    with coordinator() as (_, address):
+        result = run_ranks(dead_peer_on_the_fast_path, 2, address=address, env=env, timeout=60, allow_failures=True)
+    seen = result.values[0]
+    assert seen["type"] == "RankFailedError", seen
+    assert seen["ranks"] == [1]
+    assert seen["elapsed"] < 10.0

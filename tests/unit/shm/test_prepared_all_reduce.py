@@ -1,0 +1,89 @@
+"""LocalGroup.run_all_reduce (a prepared small all_reduce) against LocalGroup.all_reduce, bit for bit.
+
+Peers may take either method for the same call (the Communicator's fast path on one rank, the general
+path on another), so both must publish the same descriptor and combine in the same order.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from collsvc.client.backends.shm import LocalGroup
+from collsvc.errors import CollectiveMismatchError
+from collsvc.types import ReduceOp
+from tests.unit.shm.test_collectives import DTYPES, allowed_ops, make, reference, same_bits
+from tests.unit.shm.threads import run_group
+
+LENGTHS = [1, 7, 1000]  # float32 x 1000 = 4000 bytes: fits the 4096-byte slots of the test groups
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_prepared_all_reduce_matches_the_general_path_bit_for_bit(size: int) -> None:
+    def body(group: LocalGroup) -> int:
+        n, me, checked = group.size, group.rank, 0
+        for dtype in DTYPES:
+            for length in LENGTHS:
+                if length * dtype.itemsize > 4096:
+                    continue
+                for op in allowed_ops(dtype):
+                    plan = group.prepare_all_reduce(dtype, length, op, digest=7)
+                    assert plan is not None
+                    expected = reference(op, [make(r, dtype, length) for r in range(n)])
+                    src = make(me, dtype, length)
+                    dst = np.empty_like(src)
+                    group.run_all_reduce(plan, src, dst, deadline=_far())
+                    assert same_bits(dst, expected, op), f"{dtype} x{length} {op.name}"
+                    assert np.array_equal(src, make(me, dtype, length)), "src was written"
+                    group.run_all_reduce(plan, src, src, deadline=_far())  # in place
+                    assert same_bits(src, expected, op), f"in place {dtype} x{length} {op.name}"
+                    # Odd ranks take the general path for the same call: the peers must not notice.
+                    mixed = make(me, dtype, length)
+                    if me % 2:
+                        group.all_reduce(mixed, op, _far(), digest=7)
+                    else:
+                        group.run_all_reduce(plan, mixed, mixed, deadline=_far())
+                    assert same_bits(mixed, expected, op), f"mixed {dtype} x{length} {op.name}"
+                    checked += 1
+        return checked
+
+    counts = run_group(size, body)
+    assert counts[0] > 40 and len(set(counts)) == 1
+
+
+def test_prepare_declines_what_takes_several_steps_or_has_no_peers() -> None:
+    def body(group: LocalGroup) -> tuple[bool, bool]:
+        too_large = group.prepare_all_reduce(np.dtype(np.float32), 2000, ReduceOp.SUM, digest=1)  # 8000 B > slot
+        fits = group.prepare_all_reduce(np.dtype(np.float32), 1024, ReduceOp.SUM, digest=1)
+        return too_large is None, fits is not None
+
+    assert run_group(2, body) == [(True, True), (True, True)]
+    assert run_group(1, lambda g: g.prepare_all_reduce(np.dtype(np.float32), 4, ReduceOp.SUM, digest=1)) == [None]
+
+
+def test_a_prepared_call_and_a_different_call_raise_a_mismatch_on_every_rank_and_stay_in_step() -> None:
+    def body(group: LocalGroup) -> tuple[str, float]:
+        plan = group.prepare_all_reduce(np.dtype(np.float32), 7, ReduceOp.SUM, digest=3)
+        assert plan is not None
+        error = ""
+        try:
+            if group.rank == 0:
+                group.run_all_reduce(plan, np.ones(7, np.float32), np.empty(7, np.float32), _far())
+            else:
+                group.all_reduce(np.ones(8, np.float32), ReduceOp.SUM, _far(), digest=3)
+        except CollectiveMismatchError as exc:
+            error = str(exc)
+        after = np.ones(7, np.float32)
+        group.run_all_reduce(plan, after, after, _far())  # the next call agrees again
+        return error, float(after[0])
+
+    results = run_group(2, body)
+    for error, after in results:
+        assert "'count': 7" in error and "'count': 8" in error, error
+        assert after == 2.0
+
+
+def _far() -> float:
+    return time.monotonic() + 30.0
