@@ -56,7 +56,7 @@ class RepeatedAllReduce:
         if job.recorder.timeline is not None:
             return None  # the timeline records per-call phases the general path measures
         try:
-            shared = job.ring.shared_all_reduce(spec, stream, x.dtype, x.size, op, signature.digest)
+            shared = job.ring.shared_all_reduce(spec, stream, x.dtype, x.shape, op, signature.digest)
         except CollsvcError:
             return None  # the group failed meanwhile: the general path raises it
         return None if shared is None else cls(job, spec, stream, signature, shared)
@@ -79,7 +79,7 @@ class RepeatedAllReduce:
         shared.watch.follow_numbers(self._stream, seq, signature)
         result = x if in_place else np.empty_like(x)
         try:
-            shared.run(x.reshape(-1), result.reshape(-1), deadline)
+            shared.run(x, result, deadline)
         except CollsvcError as exc:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
             error = global_mismatch(call, shared.local, exc) if isinstance(exc, CollectiveMismatchError) else exc

@@ -22,7 +22,7 @@ from collsvc.proto.v1 import common_pb2
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class OpRecord:
     group: str
     seq: int
@@ -43,18 +43,25 @@ class ProgressTracker:
     def start(self, group: str, seq: int, op: str) -> OpRecord:
         record = OpRecord(group, seq, op, time.time())
         with self._lock:
-            entry = self._groups.setdefault(group, [0, 0, ""])
-            entry[0] = max(entry[0], seq)
+            entry = self._groups.get(group)
+            if entry is None:
+                entry = self._groups[group] = [0, 0, ""]
+            if seq > entry[0]:
+                entry[0] = seq
             self._recent.append(record)
         return record
 
     def finish(self, record: OpRecord, outcome: str = "ok") -> None:
+        seconds = time.time() - record.started
         with self._lock:
-            record.seconds = time.time() - record.started
+            record.seconds = seconds
             record.outcome = outcome
             if outcome == "ok":
-                entry = self._groups.setdefault(record.group, [0, 0, ""])
-                entry[1] = max(entry[1], record.seq)
+                entry = self._groups.get(record.group)
+                if entry is None:
+                    entry = self._groups[record.group] = [0, 0, ""]
+                if record.seq > entry[1]:
+                    entry[1] = record.seq
                 entry[2] = record.op
 
     def snapshot(self) -> list[common_pb2.Progress]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -163,9 +164,9 @@ class RingBackend:
             finish_average(buf, call.group.size)
 
     def shared_all_reduce(
-        self, group: GroupSpec, key: str, dtype: np.dtype, count: int, op: ReduceOp, digest: int
+        self, group: GroupSpec, key: str, dtype: np.dtype, shape: tuple[int, ...], op: ReduceOp, digest: int
     ) -> SharedAllReduce | None:
-        """How :meth:`all_reduce` runs calls of ``count`` elements of ``dtype`` with ``op`` on stream
+        """How :meth:`all_reduce` runs calls on arrays of ``shape`` and ``dtype`` with ``op`` on stream
         ``key`` of ``group``, prepared once, when they take one shared-memory barrier (the whole group
         on this host, a small array, its shared-memory group already made by an earlier call); else None.
 
@@ -180,7 +181,8 @@ class RingBackend:
         if found is None:
             return None
         shared, watch = found
-        prepared = shared.prepare_all_reduce(dtype, count, reduced_as(op), digest)
+        count = math.prod(shape)
+        prepared = shared.prepare_all_reduce(dtype, count, reduced_as(op), digest, shape)
         if prepared is None:
             return None
         return SharedAllReduce(shared, watch, prepared, topo.local, group.size if op is ReduceOp.AVG else 0)

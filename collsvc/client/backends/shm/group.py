@@ -188,10 +188,13 @@ class LocalGroup(StepEngine):
 
     # -- repeated small all_reduce -------------------------------------------------------------------
 
-    def prepare_all_reduce(self, dtype: np.dtype, count: int, op: ReduceOp, digest: int) -> SmallAllReduce | None:
-        """What :meth:`run_all_reduce` needs for all_reduce calls of ``count`` elements of ``dtype``,
-        worked out once; None where such a call does not take the one-barrier path (too large, a
-        group of one, a dtype numpy has no loop for) and must go through :meth:`all_reduce`.
+    def prepare_all_reduce(
+        self, dtype: np.dtype, count: int, op: ReduceOp, digest: int, shape: tuple[int, ...] | None = None
+    ) -> SmallAllReduce | None:
+        """What :meth:`run_all_reduce` needs for all_reduce calls of ``count`` elements of ``dtype``
+        (arrays of ``shape``, default flat), worked out once; None where such a call does not take the
+        one-barrier path (too large, a group of one, a dtype numpy has no loop for) and must go through
+        :meth:`all_reduce`.
 
         Raises:
             TypeError: ``op`` is not defined for ``dtype``.
@@ -203,7 +206,9 @@ class LocalGroup(StepEngine):
         if self._solo() or ufunc is None or not 0 < nbytes <= min(_DIRECT_BYTES, self._layout.slot_bytes):
             return None
         views = self._all_views(dtype)
-        inputs = [[v.inputs[parity][:count] for v in views] for parity in (0, 1)]
+        inputs = [
+            [v.inputs[parity][:count].reshape((count,) if shape is None else shape) for v in views] for parity in (0, 1)
+        ]
         return SmallAllReduce(
             body=encode_call("all_reduce", dtype, count, op, None, digest),
             descriptions=("all_reduce", dtype, count, op, None),
@@ -217,16 +222,16 @@ class LocalGroup(StepEngine):
         )
 
     def run_all_reduce(self, plan: SmallAllReduce, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
-        """:meth:`all_reduce` of ``src`` into ``dst`` (flat, contiguous, ``plan``'s dtype and count;
-        ``dst`` may be ``src``), as ``plan`` prepared it: the same descriptor, barrier and reduction
-        order, so peers may run either method for the same call.
+        """:meth:`all_reduce` of ``src`` into ``dst`` (contiguous, of ``plan``'s dtype and shape; ``dst``
+        may be ``src``), as ``plan`` prepared it: the same descriptor, barrier and reduction order, so
+        peers may run either method for the same call.
 
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
         """
         self._solo()
         parity = (self._generation + 1) % 2
-        plan.own_inputs[parity][:] = src
+        plan.own_inputs[parity][...] = src
         self._descriptions = plan.descriptions
         with CallScope(self, plan.body):
             self._step(deadline, plan.body)
@@ -245,7 +250,7 @@ class LocalGroup(StepEngine):
                 ufunc(scratch, part, out=scratch)
         if plan.average:
             finish_average(scratch, self._size)
-        dst[:] = scratch
+        dst[...] = scratch
 
     def __enter__(self) -> LocalGroup:
         return self

@@ -182,7 +182,8 @@ class SharedAllReduce:
     average_over: int
 
     def run(self, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
-        """Reduces flat ``src`` into flat ``dst`` (may be ``src``), as the ring backend's ``all_reduce`` would.
+        """Reduces ``src`` into ``dst`` (may be ``src``; both of the plan's shape), as the ring backend's
+        ``all_reduce`` would.
 
         Raises:
             CollectiveMismatchError (keyed by local rank: see :func:`global_mismatch`) /
