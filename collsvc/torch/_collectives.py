@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from collsvc.torch import _sparse
+from collsvc.torch._host_arrays import host_array
 from collsvc.torch._work import Finished, Finisher, future_of
 from collsvc.types import ReduceOp
 
@@ -196,7 +197,8 @@ def all_reduce(comm: Issuer, tensors: list[torch.Tensor], op: Any) -> Parts:
         for v in views:
             v.mul_(factor)  # in place: the reduction overwrites these tensors anyway
     if len(views) == 1:
-        return [comm.all_reduce(views[0], red, out=views[0])], list(tensors), None
+        target = host_array(views[0])
+        return [comm.all_reduce(target, red, out=target)], list(tensors), None
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for v in views:
         by_dtype.setdefault(v.dtype, []).append(v)
