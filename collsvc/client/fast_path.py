@@ -13,6 +13,7 @@ Everything the peers see is what the general path produces, so ranks may take ei
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
 Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x``, a
 non-contiguous or read-only array, calls queued on the worker thread, or a job recording its timeline.
+``COLLSVC_FAST_PATH=0`` sends every call the general way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collsvc.client.backends.base import Call, GroupSpec, Signature
 from collsvc.client.backends.ring.backend import global_mismatch
 from collsvc.client.backends.shm.groups import SharedAllReduce
 from collsvc.client.job import Job
+from collsvc.config import fast_path_enabled
 from collsvc.errors import CollectiveMismatchError, CollsvcError
 from collsvc.types import ReduceOp
 
@@ -115,6 +117,7 @@ class RepeatedCalls:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._next_seq = check_usable, next_seq
         self._known: dict[tuple[np.dtype, tuple[int, ...], ReduceOp], RepeatedAllReduce | None] = {}
+        self._enabled = fast_path_enabled()
 
     def all_reduce(self, x: np.ndarray, op: ReduceOp, in_place: bool) -> tuple[bool, np.ndarray | None]:
         """Runs the call on its fast path if it has one and may take it now.
@@ -152,4 +155,7 @@ class RepeatedCalls:
             return
         if len(self._known) >= _KEPT:
             self._known.clear()
-        self._known[key] = RepeatedAllReduce.prepare(self._job, self._spec, self._stream, signature, x, op)
+        if self._enabled:
+            self._known[key] = RepeatedAllReduce.prepare(self._job, self._spec, self._stream, signature, x, op)
+        else:
+            self._known[key] = None

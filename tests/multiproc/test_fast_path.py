@@ -141,3 +141,18 @@ def test_a_dead_peer_on_the_fast_path_is_named_in_time() -> None:
     assert seen["type"] == "RankFailedError", seen
     assert seen["ranks"] == [1]
     assert seen["elapsed"] < 10.0
+
+
+def fast_path_after_three_calls(comm: collsvc.Communicator) -> bool:
+    x = np.ones(16)
+    for _ in range(3):
+        assert np.array_equal(comm.all_reduce(x), np.full(16, float(comm.size)))
+    return comm._repeated.has_fast_path(x, ReduceOp.SUM)
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("1", True), ("0", False)])
+def test_collsvc_fast_path_0_sends_every_call_the_general_way(setting: str, expected: bool) -> None:
+    with coordinator() as (_, address):
+        env = {**HOST, "COLLSVC_FAST_PATH": setting}
+        result = run_ranks(fast_path_after_three_calls, 2, address=address, env=env, timeout=60)
+    assert result.values == [expected, expected]
