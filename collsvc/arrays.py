@@ -64,6 +64,7 @@ def adapt(x: Any, *, name: str = "array") -> Adapted:
         return Adapted(x, dtype_name(x.dtype), "numpy", False, x, x.shape)
     if isinstance(x, np.generic):
         arr = np.asarray(x)
+        arr.flags.writeable = False  # a numpy scalar is immutable: as out, it is refused, not silently dropped
         return Adapted(arr, dtype_name(arr.dtype), "numpy", False, x, arr.shape)
     if _is_cupy(x):
         return Adapted(x, _cupy_dtype_name(x), "cupy", True, x, tuple(x.shape))

@@ -64,8 +64,10 @@ def check_writable(target: Adapted, name: str = "out") -> None:
     """Refuses a read-only ``out`` before anything is sent, rather than after the exchange.
 
     Raises:
-        ValueError: ``out`` is a host array whose ``writeable`` flag is off.
+        ValueError: ``out`` is a host array whose ``writeable`` flag is off, or a numpy scalar.
     """
+    if isinstance(target.source, np.generic):
+        raise ValueError(f"{name} is a numpy scalar, which cannot be written: pass a 0-d array (np.array(x)) as {name}")
     if not target.on_gpu and not target.array.flags.writeable:
         raise ValueError(
             f"{name} is read-only (its writeable flag is False): pass a writable array as {name}, "

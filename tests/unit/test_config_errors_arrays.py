@@ -148,3 +148,22 @@ def test_torch_tensors_round_trip_zero_copy() -> None:
     assert float(out.sum()) == 12.0
     back_bf = from_host(np.full(4, 2.0, dtype=BFLOAT16), ab)
     assert back_bf.dtype == torch.bfloat16 and float(back_bf.sum()) == 8.0
+
+
+def test_a_numpy_scalar_is_refused_as_out_rather_than_silently_left_unwritten() -> None:
+    from collsvc.client.operands import Operand
+
+    scalar = np.complex64(1 + 2j)
+    adapted = adapt(scalar, name="x")
+    assert adapted.shape == () and not adapted.array.flags.writeable
+    with pytest.raises(ValueError, match="numpy scalar"):
+        Operand.of(adapted, scalar, scalar, False).check_out((), in_place_allowed=True)
+    zero_d = np.array(scalar)
+    Operand.of(adapt(zero_d), zero_d, zero_d, False).check_out((), in_place_allowed=True)  # a 0-d array is fine
+
+
+def test_fast_path_setting() -> None:
+    from collsvc.config import fast_path_enabled
+
+    assert fast_path_enabled({}) and fast_path_enabled({"COLLSVC_FAST_PATH": "1"})
+    assert not fast_path_enabled({"COLLSVC_FAST_PATH": "0"})

@@ -183,3 +183,31 @@ def test_close_releases_every_descriptor_and_leaves_nothing_in_dev_shm() -> None
     run_group(3, lambda g: g.barrier(time.monotonic() + 5))
     assert set(os.listdir("/proc/self/fd")) <= before
     assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def test_a_departure_seen_after_the_deadline_does_not_replace_the_timeout() -> None:
+    """A peer that timed out in the same call a moment earlier and then left is no culprit: the waiter
+    that wakes up after its own deadline reports the timeout, naming the rank that never came."""
+    namespace = uuid.uuid4().hex
+    joined = threading.Event()
+    peer = threading.Thread(target=lambda: _join_and_wait(namespace, joined))
+    peer.start()
+    try:
+        with LocalGroup(namespace, 0, 2, timeout=5, spin=0.0) as group:
+            joined.wait(5)
+            deadline = time.monotonic() + 0.3
+
+            def departure_after_the_deadline() -> None:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError("rank 1 left the job")
+
+            group.watch(departure_after_the_deadline)
+            timer = threading.Timer(0.35, group.wake)  # the departure's news arrives after the deadline
+            timer.start()
+            with pytest.raises(CollectiveTimeoutError) as info:
+                group.barrier(deadline)
+            assert info.value.ranks == [1]
+            timer.join()
+    finally:
+        joined.set()
+        peer.join()

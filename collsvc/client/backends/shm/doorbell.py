@@ -234,7 +234,8 @@ class Doorbell:
             True once ready, False when the deadline passed first.
 
         Raises:
-            Whatever ``check`` raises (it runs after every wake-up that did not make ``ready()`` true).
+            Whatever ``check`` raises (it runs after every wake-up before the deadline that did not
+            make ``ready()`` true).
         """
         if spin > 0:
             # Poll without sleeping, handing the core to any runnable process between polls. Failures
@@ -253,9 +254,11 @@ class Doorbell:
             # cleanly must not fail a call its messages completed (later calls still fail fast).
             if ready():
                 return True
-            check()
+            # A call whose deadline passed timed out, whatever happened since: a peer that timed out
+            # in the same call a moment earlier and then left must not be blamed for it.
             if time.monotonic() >= deadline:
                 return False
+            check()
             self._poll.poll(_remaining_ms(deadline))
 
     def _drain(self) -> None:
