@@ -190,6 +190,11 @@ def all_reduce(comm: Issuer, tensors: list[torch.Tensor], op: Any) -> Parts:
     red, factor = reduce_op(op)
     if not tensors:
         raise ValueError("allreduce needs at least one tensor")
+    if factor is None and len(tensors) == 1:
+        # The common call (one dense CPU tensor): its numpy view, repeated calls take the fast path.
+        host = host_array(tensors[0])
+        if host is not None:
+            return [comm.all_reduce(host, red, out=host)], list(tensors), None
     if _sparse.is_sparse(tensors):
         return _sparse.all_reduce(comm.comm, tensors, red, factor)
     views = [t.detach() for t in tensors]
@@ -197,8 +202,7 @@ def all_reduce(comm: Issuer, tensors: list[torch.Tensor], op: Any) -> Parts:
         for v in views:
             v.mul_(factor)  # in place: the reduction overwrites these tensors anyway
     if len(views) == 1:
-        target = host_array(views[0])
-        return [comm.all_reduce(target, red, out=target)], list(tensors), None
+        return [comm.all_reduce(views[0], red, out=views[0])], list(tensors), None
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for v in views:
         by_dtype.setdefault(v.dtype, []).append(v)

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+import numpy as np
 import torch
 
 
-def host_array(tensor: torch.Tensor) -> Any:
-    """A numpy view of a dense, contiguous CPU tensor of a dtype numpy has (no copy), else the tensor:
-    repeated collectives of numpy arrays take the Communicator's fast path (``client/fast_path.py``)."""
-    if (
-        tensor.device.type == "cpu"
-        and tensor.layout == torch.strided
-        and tensor.dtype in _NUMPY_DTYPES
-        and tensor.is_contiguous()
-        and not tensor.is_conj()
-        and not tensor.is_neg()
-    ):
-        return tensor.numpy()
-    return tensor
+def host_array(tensor: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a dense, C-contiguous CPU tensor of a dtype numpy has (no copy; detached from
+    autograd, as the collectives' tensors are), else None: repeated collectives of numpy arrays take the
+    Communicator's fast path (``client/fast_path.py``)."""
+    if not tensor.is_cpu or tensor.dtype not in _NUMPY_DTYPES or tensor.layout != torch.strided:
+        return None
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.is_neg() or (tensor.dtype in _COMPLEX and tensor.is_conj()):
+        return None  # lazily negated or conjugated views: their memory does not hold their values
+    array = tensor.numpy()
+    return array if array.flags.c_contiguous else None
 
 
 # torch dtypes whose CPU tensors Tensor.numpy() views (bfloat16 has no numpy dtype).
@@ -38,3 +36,4 @@ _NUMPY_DTYPES = frozenset(
         torch.complex128,
     }
 )
+_COMPLEX = frozenset({torch.complex64, torch.complex128})

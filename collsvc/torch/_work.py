@@ -180,6 +180,10 @@ class CollsvcWork(_Work):  # type: ignore[misc]
                 ``DistBackendError``).
             CollsvcError: the operation failed; the same error every rank sees (also a ``DistBackendError``).
         """
+        if self._done is _ALREADY_DONE:  # ran on the caller's thread: nothing to wait for
+            if self._error is not None:
+                raise self._error
+            return True
         limits = [t for t in (_seconds(timeout), self._timeout) if t is not None]
         limit = min(limits) if limits else None
         if not self._done.wait(limit):

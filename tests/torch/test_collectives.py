@@ -66,6 +66,17 @@ def _reductions(rank: int, n: int) -> None:
     strided = torch.arange(12.0).reshape(3, 4)[:, ::2]
     dist.all_reduce(strided)
     assert torch.equal(strided, torch.arange(12.0).reshape(3, 4)[:, ::2] * n)
+    # Repeated calls (all but the first on the Communicator's fast path, through the tensor's numpy view),
+    # and tensors that cannot have a numpy view (bfloat16) or need one detached (requires_grad).
+    total = float(n * (n + 1) // 2)
+    for _ in range(3):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            t = torch.full((7,), rank + 1, dtype=dtype)
+            dist.all_reduce(t)
+            assert t.tolist() == [total] * 7, (dtype, t)
+        leaf = torch.full((3,), float(rank + 1), requires_grad=True)
+        dist.all_reduce(leaf)
+        assert leaf.tolist() == [total] * 3 and leaf.requires_grad
     # reduce: only the root's result is defined.
     t = torch.full((4,), float(rank + 1))
     dist.reduce(t, dst=n - 1, op=dist.ReduceOp.SUM)
