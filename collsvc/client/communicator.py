@@ -148,7 +148,7 @@ class Communicator:
             ValueError: ``out`` has the wrong shape.
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: see API.md.
         """
-        if async_op or type(x) is not np.ndarray or not (out is None or out is x):
+        if async_op or type(x) is not np.ndarray or type(op) is not ReduceOp or not (out is None or out is x):
             return self._issue(ops.all_reduce(self._view, x, op, out=out), async_op=async_op)
         ran, result = self._repeated.all_reduce(x, op, out is x)
         if ran:

@@ -65,6 +65,8 @@ def calls_the_fast_path_must_leave(comm: collsvc.Communicator) -> bool:
         assert np.array_equal(comm.all_reduce(frozen), np.full(5, total))
         with pytest.raises(ValueError, match="read-only"):
             comm.all_reduce(frozen, out=frozen)
+        with pytest.raises(TypeError, match="ReduceOp"):
+            comm.all_reduce(frozen, op=["SUM"])  # type: ignore[arg-type]  # refused before anything is sent
         out = np.empty(5)
         assert comm.all_reduce(np.full(5, comm.rank + 1.0), out=out) is out and np.array_equal(out, np.full(5, total))
         # Rank 0 queues this call on its worker thread (async), the others run it on the fast path.
