@@ -11,7 +11,7 @@ import functools
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -127,6 +127,19 @@ class Communicator:
             return Work(self._job.executor.submit(execute), f"{description} #{seq} in group '{self.name}'")
         return self._job.executor.run(execute)
 
+    def _repeatable(
+        self, kind: str, x: np.ndarray, arg: ReduceOp | int, out: Any, plan: Callable[[], ops.Planned]
+    ) -> Any:
+        """A synchronous call of a numpy ``x`` (``out`` None or ``x``) that may take the fast path for
+        repeated calls (``client/fast_path.py``); else planned by ``plan``, issued, and learned from."""
+        ran, result = self._repeated.run(kind, x, arg, out is x)
+        if ran:
+            return result
+        planned = plan()
+        result = self._issue(planned)
+        self._repeated.learn(kind, x, arg, planned.signature)
+        return result
+
     def _group_rank(self, rank: int, what: str) -> int:
         if isinstance(rank, bool) or not isinstance(rank, int):
             raise TypeError(f"{what} must be an int rank, got {rank!r}")
@@ -150,13 +163,7 @@ class Communicator:
         """
         if async_op or type(x) is not np.ndarray or type(op) is not ReduceOp or not (out is None or out is x):
             return self._issue(ops.all_reduce(self._view, x, op, out=out), async_op=async_op)
-        ran, result = self._repeated.all_reduce(x, op, out is x)
-        if ran:
-            return result
-        planned = ops.all_reduce(self._view, x, op, out=out)
-        result = self._issue(planned)
-        self._repeated.learn(x, op, planned.signature)
-        return result
+        return self._repeatable("all_reduce", x, op, out, lambda: ops.all_reduce(self._view, x, op, out=out))
 
     def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
@@ -173,8 +180,10 @@ class Communicator:
         Raises:
             TypeError / ValueError: unsupported array, wrong ``out``, or ``src`` out of range.
         """
-        planned = ops.broadcast(self._view, x, self._group_rank(src, "src"), out=out)
-        return self._issue(planned, async_op=async_op)
+        root = self._group_rank(src, "src")
+        if async_op or type(x) is not np.ndarray or not (out is None or out is x):
+            return self._issue(ops.broadcast(self._view, x, root, out=out), async_op=async_op)
+        return self._repeatable("broadcast", x, root, out, lambda: ops.broadcast(self._view, x, root, out=out))
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Every rank's ``x`` concatenated along axis 0 in rank order (0-d arrays count as shape (1,)).

@@ -1,4 +1,5 @@
-"""Repeated synchronous all_reduce calls of numpy arrays within one host, without the general layers.
+"""Repeated synchronous all_reduce and broadcast calls of numpy arrays within one host, without the
+general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
 ``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
@@ -7,7 +8,8 @@ for a 4 KiB array that is most of the call's time. Once a call took the one-barr
 the Communicator keeps what it worked out for that (dtype, shape, op): the signature, the group, the
 step's descriptor, the slot views. A later call with a contiguous numpy array then only numbers
 itself, records its progress and statistics, copies into its slot, meets the peers at the same
-barrier with the same descriptor (so the mismatch check stays on), reduces and copies out.
+barrier with the same descriptor (so the mismatch check stays on), reduces and copies out (a
+broadcast: the root copies in, the others copy out).
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
@@ -25,19 +27,22 @@ import numpy as np
 
 from collsvc.client.backends.base import Call, GroupSpec, Signature
 from collsvc.client.backends.ring.backend import global_mismatch
-from collsvc.client.backends.shm.groups import SharedAllReduce
+from collsvc.client.backends.shm.groups import SharedAllReduce, SharedBroadcast
 from collsvc.client.job import Job
 from collsvc.config import fast_path_enabled
 from collsvc.errors import CollectiveMismatchError, CollsvcError
 from collsvc.types import ReduceOp
 
 
-class RepeatedAllReduce:
-    """All_reduce calls of one (dtype, shape, op) of one Communicator, on its shared-memory group."""
+class _Repeated:
+    """Calls of one collective, shape and argument (op or root) of one Communicator, on its shared-memory
+    group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
 
     __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_nbytes", "_bus")
 
-    def __init__(self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: SharedAllReduce) -> None:
+    def __init__(
+        self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: SharedAllReduce | SharedBroadcast
+    ) -> None:
         self._job = job
         self._spec = spec
         self._stream = stream
@@ -45,27 +50,9 @@ class RepeatedAllReduce:
         self._shared = shared
         self._nbytes, self._bus = job.recorder.sizes(signature, spec.size)
 
-    @classmethod
-    def prepare(
-        cls, job: Job, spec: GroupSpec, stream: str, signature: Signature, x: np.ndarray, op: ReduceOp
-    ) -> RepeatedAllReduce | None:
-        """The fast path for later calls like this one (``x``: a numpy array that just went through the
-        general path), or None where they cannot take it.
-
-        Raises:
-            TypeError: ``op`` is not defined for ``x``'s dtype (the general path raised it first).
-        """
-        if job.recorder.timeline is not None:
-            return None  # the timeline records per-call phases the general path measures
-        try:
-            shared = job.ring.shared_all_reduce(spec, stream, x.dtype, x.shape, op, signature.digest)
-        except CollsvcError:
-            return None  # the group failed meanwhile: the general path raises it
-        return None if shared is None else cls(job, spec, stream, signature, shared)
-
     def run(self, seq: int, x: np.ndarray, in_place: bool) -> np.ndarray:
-        """Call ``seq`` of the stream with ``x`` (C-contiguous; writable when ``in_place``): the reduction,
-        written into ``x`` when ``in_place``, else into a new array.
+        """Call ``seq`` of the stream with ``x`` (C-contiguous; writable when ``in_place``): the result,
+        written into ``x`` when ``in_place``, else a new array.
 
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: as the
@@ -79,9 +66,8 @@ class RepeatedAllReduce:
         started = time.time_ns()
         shared = self._shared
         shared.watch.follow_numbers(self._stream, seq, signature)
-        result = x if in_place else np.empty_like(x)
         try:
-            shared.run(x, result, deadline)
+            result = self._move(x, in_place, deadline)
         except CollsvcError as exc:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
             error = global_mismatch(call, shared.local, exc) if isinstance(exc, CollectiveMismatchError) else exc
@@ -91,14 +77,68 @@ class RepeatedAllReduce:
         job.recorder.stats.record(signature.op, self._spec.name, self._nbytes, seconds, self._bus, True)
         return result
 
+    def _move(self, x: np.ndarray, in_place: bool, deadline: float) -> np.ndarray:
+        raise NotImplementedError
 
-# How many (dtype, shape, op) of all_reduce a Communicator keeps a fast path for (then it starts over).
+
+class RepeatedAllReduce(_Repeated):
+    """All_reduce calls of one (dtype, shape, op)."""
+
+    __slots__ = ()
+    _shared: SharedAllReduce
+
+    def _move(self, x: np.ndarray, in_place: bool, deadline: float) -> np.ndarray:
+        result = x if in_place else np.empty_like(x)
+        self._shared.run(x, result, deadline)
+        return result
+
+
+class RepeatedBroadcast(_Repeated):
+    """Broadcasts of one (dtype, shape, root): the root's ``x`` is read, the others' written."""
+
+    __slots__ = ()
+    _shared: SharedBroadcast
+
+    def _move(self, x: np.ndarray, in_place: bool, deadline: float) -> np.ndarray:
+        if self._shared.plan.is_root:
+            self._shared.run(x, deadline)
+            return x if in_place else x.copy()
+        result = x if in_place else np.empty_like(x)
+        self._shared.run(result, deadline)
+        return result
+
+
+def _prepare(
+    kind: str, job: Job, spec: GroupSpec, stream: str, signature: Signature, x: np.ndarray, arg: ReduceOp | int
+) -> _Repeated | None:
+    """The fast path for later calls like this one (``x``: a numpy array that just went through the
+    general path; ``arg``: the op of an all_reduce, the root of a broadcast), or None where they cannot
+    take it.
+
+    Raises:
+        TypeError / ValueError: a bad op or root (the general path raised them first).
+    """
+    if job.recorder.timeline is not None:
+        return None  # the timeline records per-call phases the general path measures
+    try:
+        if kind == "all_reduce":
+            assert isinstance(arg, ReduceOp)
+            reduced = job.ring.shared_all_reduce(spec, stream, x.dtype, x.shape, arg, signature.digest)
+            return None if reduced is None else RepeatedAllReduce(job, spec, stream, signature, reduced)
+        assert isinstance(arg, int)
+        sent = job.ring.shared_broadcast(spec, stream, x.dtype, x.shape, arg, signature.digest)
+        return None if sent is None else RepeatedBroadcast(job, spec, stream, signature, sent)
+    except CollsvcError:
+        return None  # the group failed meanwhile: the general path raises it
+
+
+# How many (collective, dtype, shape, op or root) a Communicator keeps a fast path for (then it starts over).
 _KEPT = 64
 
 
 class RepeatedCalls:
-    """The fast paths of one Communicator's all_reduce calls, by (dtype, shape, op), learned from the
-    general path.
+    """The fast paths of one Communicator's all_reduce and broadcast calls, by (collective, dtype, shape,
+    op or root), learned from the general path.
 
     Args:
         job / spec / stream: the Communicator's job, members and sequence stream.
@@ -116,19 +156,20 @@ class RepeatedCalls:
     ) -> None:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._next_seq = check_usable, next_seq
-        self._known: dict[tuple[np.dtype, tuple[int, ...], ReduceOp], RepeatedAllReduce | None] = {}
+        self._known: dict[tuple[str, np.dtype, tuple[int, ...], ReduceOp | int], _Repeated | None] = {}
         self._enabled = fast_path_enabled()
 
-    def all_reduce(self, x: np.ndarray, op: ReduceOp, in_place: bool) -> tuple[bool, np.ndarray | None]:
-        """Runs the call on its fast path if it has one and may take it now.
+    def run(self, kind: str, x: np.ndarray, arg: ReduceOp | int, in_place: bool) -> tuple[bool, np.ndarray | None]:
+        """Runs a ``kind`` call ("all_reduce" with op ``arg``, "broadcast" from root ``arg``) on its fast
+        path if it has one and may take it now.
 
         Returns:
             (True, the result) when it ran, (False, None) when the general path must run it.
 
         Raises:
-            As :meth:`RepeatedAllReduce.run`, or the job's failure.
+            As :meth:`_Repeated.run`, or the job's failure.
         """
-        repeated = self._known.get((x.dtype, x.shape, op))
+        repeated = self._known.get((kind, x.dtype, x.shape, arg))
         if (
             repeated is None
             or not x.flags.c_contiguous
@@ -139,23 +180,21 @@ class RepeatedCalls:
         self._check_usable()
         return True, repeated.run(self._next_seq(self._stream), x, in_place)
 
-    def has_fast_path(self, x: np.ndarray, op: ReduceOp) -> bool:
-        """Whether calls like ``x`` with ``op`` have a fast path now (for tests and diagnostics)."""
-        return self._known.get((x.dtype, x.shape, op)) is not None
+    def has_fast_path(self, kind: str, x: np.ndarray, arg: ReduceOp | int) -> bool:
+        """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics)."""
+        return self._known.get((kind, x.dtype, x.shape, arg)) is not None
 
-    def learn(self, x: np.ndarray, op: ReduceOp, signature: Signature) -> None:
-        """Prepares the fast path of calls like ``x`` with ``op`` (which just took the general path
-        with ``signature``), once per (dtype, shape, op).
+    def learn(self, kind: str, x: np.ndarray, arg: ReduceOp | int, signature: Signature) -> None:
+        """Prepares the fast path of ``kind`` calls like ``x`` with ``arg`` (which just took the general
+        path with ``signature``), once per (kind, dtype, shape, arg).
 
         Raises:
-            TypeError: ``op`` is not defined for ``x``'s dtype.
+            TypeError / ValueError: a bad op or root.
         """
-        key = (x.dtype, x.shape, op)
+        key = (kind, x.dtype, x.shape, arg)
         if key in self._known:
             return
         if len(self._known) >= _KEPT:
             self._known.clear()
-        if self._enabled:
-            self._known[key] = RepeatedAllReduce.prepare(self._job, self._spec, self._stream, signature, x, op)
-        else:
-            self._known[key] = None
+        prepared = _prepare(kind, self._job, self._spec, self._stream, signature, x, arg) if self._enabled else None
+        self._known[key] = prepared

@@ -44,11 +44,58 @@ def repeated_reductions(comm: collsvc.Communicator) -> int:
                     assert comm.all_reduce(y, op, out=y) is y
                     assert_close(y, expected, dtype, f"{what} in place", n)
                     results += [got.tobytes(), y.tobytes()]
-                assert comm._repeated.has_fast_path(x, op), f"{what}: no fast path was made"
+                assert comm._repeated.has_fast_path("all_reduce", x, op), f"{what}: no fast path was made"
                 assert len(set(results)) == 1, f"{what}: the fast path's bits differ from the general path's"
                 assert_identical_everywhere(comm, got, what)
                 checked += 1
     return checked
+
+
+def repeated_broadcasts(comm: collsvc.Communicator) -> int:
+    checked = 0
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            for root in range(comm.size):
+                what = f"broadcast {dtype} {shape} root {root}"
+                expected = np.array(make(root, dtype, shape))
+                for _ in range(3):  # the first call learns, the others take the fast path
+                    x = np.array(make(comm.rank, dtype, shape))
+                    if comm.rank == root:
+                        x.flags.writeable = False  # the root's array is only read
+                    got = comm.broadcast(x, root)
+                    assert got is not x and got.tobytes() == expected.tobytes(), what
+                    y = np.array(make(comm.rank, dtype, shape))
+                    assert comm.broadcast(y, root, out=y) is y and y.tobytes() == expected.tobytes(), what
+                assert comm._repeated.has_fast_path("broadcast", x, root), f"{what}: no fast path was made"
+                checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_repeated_broadcast_matches_the_root(world_size: int) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(repeated_broadcasts, world_size, address=address, env=HOST, timeout=240)
+    assert len(set(result.values)) == 1 and result.values[0] >= 60
+
+
+def broadcast_roots_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
+    x = np.ones(8)
+    for root in (0, 1):  # both roots learned on every rank
+        comm.broadcast(x, root)
+    try:
+        comm.broadcast(x, comm.rank)  # each rank thinks it is the root
+    except CollsvcError as exc:
+        return {"type": type(exc).__name__, "message": str(exc)}
+    return {"type": None}
+
+
+def test_broadcast_roots_that_disagree_on_the_fast_path_are_a_mismatch_on_every_rank() -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(broadcast_roots_disagree, 2, address=address, env=HOST, timeout=60, allow_failures=True)
+    for rank, seen in enumerate(result.values):
+        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
+        assert "rank 0 called broadcast(float64[8], root=0)" in seen["message"], seen["message"]
+        assert "rank 1 called broadcast(float64[8], root=1)" in seen["message"], seen["message"]
 
 
 def calls_the_fast_path_must_leave(comm: collsvc.Communicator) -> bool:
@@ -149,7 +196,7 @@ def fast_path_after_three_calls(comm: collsvc.Communicator) -> bool:
     x = np.ones(16)
     for _ in range(3):
         assert np.array_equal(comm.all_reduce(x), np.full(16, float(comm.size)))
-    return comm._repeated.has_fast_path(x, ReduceOp.SUM)
+    return comm._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM)
 
 
 @pytest.mark.parametrize(("setting", "expected"), [("1", True), ("0", False)])

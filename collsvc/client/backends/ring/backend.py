@@ -26,7 +26,8 @@ from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring import algorithms
 from collsvc.client.backends.ring.host_barrier import pass_for_host
 from collsvc.client.backends.ring.topology import Topology, plan
-from collsvc.client.backends.shm.groups import LocalGroups, SharedAllReduce
+from collsvc.client.backends.shm.group import LocalGroup
+from collsvc.client.backends.shm.groups import CallWatch, LocalGroups, SharedAllReduce, SharedBroadcast
 from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
 
@@ -174,18 +175,38 @@ class RingBackend:
             TypeError: ``op`` is not defined for ``dtype``.
             CollsvcError: the shared-memory group failed or was closed.
         """
+        found = self._existing_shared(group, key)
+        if found is None:
+            return None
+        shared, watch, local = found
+        prepared = shared.prepare_all_reduce(dtype, math.prod(shape), reduced_as(op), digest, shape)
+        if prepared is None:
+            return None
+        return SharedAllReduce(shared, watch, prepared, local, group.size if op is ReduceOp.AVG else 0)
+
+    def shared_broadcast(
+        self, group: GroupSpec, key: str, dtype: np.dtype, shape: tuple[int, ...], root: int, digest: int
+    ) -> SharedBroadcast | None:
+        """As :meth:`shared_all_reduce`, for :meth:`broadcast` from group rank ``root``.
+
+        Raises:
+            ValueError: a bad root. CollsvcError: the shared-memory group failed or was closed.
+        """
+        found = self._existing_shared(group, key)
+        if found is None:
+            return None
+        shared, watch, local = found
+        prepared = shared.prepare_broadcast(dtype, math.prod(shape), root, digest, shape)
+        return None if prepared is None else SharedBroadcast(shared, watch, prepared, local)
+
+    def _existing_shared(self, group: GroupSpec, key: str) -> tuple[LocalGroup, CallWatch, tuple[int, ...]] | None:
+        """The shared-memory group an earlier call of stream ``key`` made, with its watch and local ranks,
+        when the whole group is on this host (what :meth:`_shared` would use); else None."""
         topo = self._topology(group)
         if topo is None or self._local_groups is None or not topo.single_host or group.size == 1:
             return None
         found = self._local_groups.existing(key, topo.local)
-        if found is None:
-            return None
-        shared, watch = found
-        count = math.prod(shape)
-        prepared = shared.prepare_all_reduce(dtype, count, reduced_as(op), digest, shape)
-        if prepared is None:
-            return None
-        return SharedAllReduce(shared, watch, prepared, topo.local, group.size if op is ReduceOp.AVG else 0)
+        return None if found is None else (found[0], found[1], topo.local)
 
     def _use_hierarchy(self, topo: Topology) -> bool:
         if self._hierarchical == "never" or topo.hosts < 2:

@@ -252,6 +252,47 @@ class LocalGroup(StepEngine):
             finish_average(scratch, self._size)
         dst[...] = scratch
 
+    def prepare_broadcast(
+        self, dtype: np.dtype, count: int, root: int, digest: int, shape: tuple[int, ...] | None = None
+    ) -> SmallBroadcast | None:
+        """What :meth:`run_broadcast` needs for broadcasts from ``root`` of ``count`` elements of
+        ``dtype`` (arrays of ``shape``, default flat), worked out once; None where such a call takes
+        more than one step or there are no peers (then :meth:`broadcast` runs it).
+
+        Raises:
+            ValueError: a bad root. CollsvcError: the group failed or is closed.
+        """
+        self._check_root(root)
+        if self._solo() or not 0 < count <= self._chunk(dtype):
+            return None
+        views = self._all_views(dtype)
+        slots = tuple(
+            views[root].inputs[parity][:count].reshape((count,) if shape is None else shape) for parity in (0, 1)
+        )
+        return SmallBroadcast(
+            body=encode_call("broadcast", dtype, count, None, root, digest),
+            descriptions=("broadcast", dtype, count, None, root),
+            root_slots=(slots[0], slots[1]),
+            is_root=root == self._rank,
+        )
+
+    def run_broadcast(self, plan: SmallBroadcast, buf: np.ndarray, deadline: float) -> None:
+        """:meth:`broadcast` as ``plan`` prepared it: the root's ``buf`` is read, every other rank's
+        written (contiguous, of the plan's dtype and shape); peers may run either method.
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
+        """
+        self._solo()
+        parity = (self._generation + 1) % 2
+        if plan.is_root:
+            plan.root_slots[parity][...] = buf
+        self._descriptions = plan.descriptions
+        with CallScope(self, plan.body):
+            self._step(deadline, plan.body)
+        if not plan.is_root:
+            buf[...] = plan.root_slots[parity]
+
     def __enter__(self) -> LocalGroup:
         return self
 
@@ -321,6 +362,17 @@ class SmallAllReduce:
     ufunc: Any
     quiet: bool
     average: bool
+
+
+@dataclass(frozen=True)
+class SmallBroadcast:
+    """One broadcast shape and root of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_broadcast`
+    (``root_slots``: the root's input slot of each parity, cut and shaped to the call)."""
+
+    body: bytes
+    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
+    root_slots: tuple[np.ndarray, np.ndarray]
+    is_root: bool
 
 
 def _combine(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray], size: int) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from collsvc.client.backends.base import Call, Signature, last_finished
 from collsvc.client.backends.reduction import finish_average
-from collsvc.client.backends.shm.group import LocalGroup, SmallAllReduce
+from collsvc.client.backends.shm.group import LocalGroup, SmallAllReduce, SmallBroadcast
 
 
 class LocalGroups:
@@ -192,3 +192,22 @@ class SharedAllReduce:
         self.group.run_all_reduce(self.plan, src, dst, deadline)
         if self.average_over:
             finish_average(dst, self.average_over)
+
+
+@dataclass(frozen=True)
+class SharedBroadcast:
+    """A small broadcast over one host's shared memory, prepared by the ring backend's
+    ``shared_broadcast`` (``watch`` and ``local`` as in :class:`SharedAllReduce`)."""
+
+    group: LocalGroup
+    watch: CallWatch
+    plan: SmallBroadcast
+    local: tuple[int, ...]
+
+    def run(self, buf: np.ndarray, deadline: float) -> None:
+        """Reads ``buf`` on the root, writes it everywhere else, as the ring backend's ``broadcast`` would.
+
+        Raises:
+            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
+        """
+        self.group.run_broadcast(self.plan, buf, deadline)

@@ -1,4 +1,4 @@
-"""LocalGroup.run_all_reduce (a prepared small all_reduce) against LocalGroup.all_reduce, bit for bit.
+"""LocalGroup.run_all_reduce / run_broadcast (prepared small calls) against all_reduce / broadcast, bit for bit.
 
 Peers may take either method for the same call (the Communicator's fast path on one rank, the general
 path on another), so both must publish the same descriptor and combine in the same order.
@@ -53,11 +53,42 @@ def test_prepared_all_reduce_matches_the_general_path_bit_for_bit(size: int) -> 
     assert counts[0] > 40 and len(set(counts)) == 1
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_prepared_broadcast_matches_the_general_path(size: int) -> None:
+    def body(group: LocalGroup) -> int:
+        n, me, checked = group.size, group.rank, 0
+        for dtype in DTYPES:
+            for length in LENGTHS:
+                if length * dtype.itemsize > 4096:
+                    continue
+                for root in range(n):
+                    plan = group.prepare_broadcast(dtype, length, root, digest=9, shape=(length, 1))
+                    assert plan is not None and plan.is_root == (me == root)
+                    expected = make(root, dtype, length).reshape(length, 1)
+                    buf = make(me, dtype, length).reshape(length, 1)
+                    group.run_broadcast(plan, buf, _far())
+                    assert same_bits(buf, expected), f"{dtype} x{length} root {root}"
+                    # Mixed: odd ranks take the general path for the same call.
+                    mixed = make(me, dtype, length)
+                    if me % 2:
+                        group.broadcast(mixed, root, _far(), digest=9)
+                    else:
+                        group.run_broadcast(plan, mixed.reshape(length, 1), _far())
+                    assert same_bits(mixed, expected.reshape(-1)), f"mixed {dtype} x{length} root {root}"
+                    checked += 1
+        return checked
+
+    counts = run_group(size, body)
+    assert counts[0] > 20 and len(set(counts)) == 1
+
+
 def test_prepare_declines_what_takes_several_steps_or_has_no_peers() -> None:
     def body(group: LocalGroup) -> tuple[bool, bool]:
         too_large = group.prepare_all_reduce(np.dtype(np.float32), 2000, ReduceOp.SUM, digest=1)  # 8000 B > slot
         fits = group.prepare_all_reduce(np.dtype(np.float32), 1024, ReduceOp.SUM, digest=1)
-        return too_large is None, fits is not None
+        too_large_broadcast = group.prepare_broadcast(np.dtype(np.float32), 2000, 0, digest=1)
+        fits_broadcast = group.prepare_broadcast(np.dtype(np.float32), 1024, 1, digest=1)
+        return too_large is None and too_large_broadcast is None, fits is not None and fits_broadcast is not None
 
     assert run_group(2, body) == [(True, True), (True, True)]
     assert run_group(1, lambda g: g.prepare_all_reduce(np.dtype(np.float32), 4, ReduceOp.SUM, digest=1)) == [None]
