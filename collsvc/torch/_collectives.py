@@ -248,6 +248,10 @@ def reduce_scatter_list(comm: Issuer, output: torch.Tensor, inputs: list[torch.T
 
 # ---- broadcast and gathers ----------------------------------------------------------------------------------
 def broadcast(comm: Issuer, tensors: list[torch.Tensor], root: int) -> Parts:
+    if len(tensors) == 1:
+        host = host_array(tensors[0])  # repeated calls of one CPU tensor take the fast path
+        if host is not None:
+            return [comm.broadcast(host, root, out=host)], list(tensors), None
     views = [t.detach() for t in tensors]
     if len(views) == 1:
         return [comm.broadcast(views[0], root, out=views[0])], list(tensors), None

@@ -99,6 +99,12 @@ def _gathers(rank: int, n: int) -> None:
     x = torch.arange(4) if rank == 1 else torch.zeros(4, dtype=torch.int64)
     dist.broadcast(x, src=1)
     assert x.tolist() == [0, 1, 2, 3]
+    for step in range(3):  # repeated (the fast path after the first), from every root, bfloat16 too
+        for src in range(n):
+            for dtype in (torch.float32, torch.bfloat16):
+                y = torch.full((5,), float(rank + step), dtype=dtype)
+                dist.broadcast(y, src=src)
+                assert y.tolist() == [float(src + step)] * 5, (step, src, dtype, y)
     outs = [torch.zeros(2) for _ in range(n)]
     dist.all_gather(outs, torch.full((2,), float(rank)))
     assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(n)]
