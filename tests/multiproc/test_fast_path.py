@@ -7,8 +7,10 @@ take (non-contiguous, read-only in place, async, other out) still work; failures
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -205,3 +207,21 @@ def test_collsvc_fast_path_0_sends_every_call_the_general_way(setting: str, expe
         env = {**HOST, "COLLSVC_FAST_PATH": setting}
         result = run_ranks(fast_path_after_three_calls, 2, address=address, env=env, timeout=60)
     assert result.values == [expected, expected]
+
+
+def three_all_reduces(comm: collsvc.Communicator) -> bool:
+    x = np.ones(16)
+    for _ in range(3):
+        comm.all_reduce(x)
+    return comm._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM)
+
+
+def test_a_job_recording_its_timeline_keeps_every_call_on_the_general_path(tmp_path: Path) -> None:
+    target = tmp_path / "trace.json"
+    with coordinator() as (_, address):
+        env = {**HOST, "COLLSVC_TIMELINE": str(target)}
+        result = run_ranks(three_all_reduces, 2, address=address, env=env, timeout=60)
+    assert result.values == [False, False]
+    for rank in range(2):
+        part = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
+        assert [call[3] for call in part["calls"]] == ["all_reduce"] * 3, part["calls"]
