@@ -20,33 +20,35 @@ from tests.unit.shm.threads import run_group
 LENGTHS = [1, 7, 1000]  # float32 x 1000 = 4000 bytes: fits the 4096-byte slots of the test groups
 
 
+def fitting_cases() -> list[tuple[np.dtype, int]]:
+    """Every (dtype, length) of the tests whose array fits one 4096-byte slot (one step)."""
+    return [(dtype, length) for dtype in DTYPES for length in LENGTHS if length * dtype.itemsize <= 4096]
+
+
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_prepared_all_reduce_matches_the_general_path_bit_for_bit(size: int) -> None:
     def body(group: LocalGroup) -> int:
         n, me, checked = group.size, group.rank, 0
-        for dtype in DTYPES:
-            for length in LENGTHS:
-                if length * dtype.itemsize > 4096:
-                    continue
-                for op in allowed_ops(dtype):
-                    plan = group.prepare_all_reduce(dtype, length, op, digest=7)
-                    assert plan is not None
-                    expected = reference(op, [make(r, dtype, length) for r in range(n)])
-                    src = make(me, dtype, length)
-                    dst = np.empty_like(src)
-                    group.run_all_reduce(plan, src, dst, deadline=_far())
-                    assert same_bits(dst, expected, op), f"{dtype} x{length} {op.name}"
-                    assert np.array_equal(src, make(me, dtype, length)), "src was written"
-                    group.run_all_reduce(plan, src, src, deadline=_far())  # in place
-                    assert same_bits(src, expected, op), f"in place {dtype} x{length} {op.name}"
-                    # Odd ranks take the general path for the same call: the peers must not notice.
-                    mixed = make(me, dtype, length)
-                    if me % 2:
-                        group.all_reduce(mixed, op, _far(), digest=7)
-                    else:
-                        group.run_all_reduce(plan, mixed, mixed, deadline=_far())
-                    assert same_bits(mixed, expected, op), f"mixed {dtype} x{length} {op.name}"
-                    checked += 1
+        for dtype, length in fitting_cases():
+            for op in allowed_ops(dtype):
+                plan = group.prepare_all_reduce(dtype, length, op, digest=7)
+                assert plan is not None
+                expected = reference(op, [make(r, dtype, length) for r in range(n)])
+                src = make(me, dtype, length)
+                dst = np.empty_like(src)
+                group.run_all_reduce(plan, src, dst, deadline=_far())
+                assert same_bits(dst, expected, op), f"{dtype} x{length} {op.name}"
+                assert np.array_equal(src, make(me, dtype, length)), "src was written"
+                group.run_all_reduce(plan, src, src, deadline=_far())  # in place
+                assert same_bits(src, expected, op), f"in place {dtype} x{length} {op.name}"
+                # Odd ranks take the general path for the same call: the peers must not notice.
+                mixed = make(me, dtype, length)
+                if me % 2:
+                    group.all_reduce(mixed, op, _far(), digest=7)
+                else:
+                    group.run_all_reduce(plan, mixed, mixed, deadline=_far())
+                assert same_bits(mixed, expected, op), f"mixed {dtype} x{length} {op.name}"
+                checked += 1
         return checked
 
     counts = run_group(size, body)
@@ -57,25 +59,22 @@ def test_prepared_all_reduce_matches_the_general_path_bit_for_bit(size: int) -> 
 def test_prepared_broadcast_matches_the_general_path(size: int) -> None:
     def body(group: LocalGroup) -> int:
         n, me, checked = group.size, group.rank, 0
-        for dtype in DTYPES:
-            for length in LENGTHS:
-                if length * dtype.itemsize > 4096:
-                    continue
-                for root in range(n):
-                    plan = group.prepare_broadcast(dtype, length, root, digest=9, shape=(length, 1))
-                    assert plan is not None and plan.is_root == (me == root)
-                    expected = make(root, dtype, length).reshape(length, 1)
-                    buf = make(me, dtype, length).reshape(length, 1)
-                    group.run_broadcast(plan, buf, _far())
-                    assert same_bits(buf, expected), f"{dtype} x{length} root {root}"
-                    # Mixed: odd ranks take the general path for the same call.
-                    mixed = make(me, dtype, length)
-                    if me % 2:
-                        group.broadcast(mixed, root, _far(), digest=9)
-                    else:
-                        group.run_broadcast(plan, mixed.reshape(length, 1), _far())
-                    assert same_bits(mixed, expected.reshape(-1)), f"mixed {dtype} x{length} root {root}"
-                    checked += 1
+        for dtype, length in fitting_cases():
+            for root in range(n):
+                plan = group.prepare_broadcast(dtype, length, root, digest=9, shape=(length, 1))
+                assert plan is not None and plan.is_root == (me == root)
+                expected = make(root, dtype, length).reshape(length, 1)
+                buf = make(me, dtype, length).reshape(length, 1)
+                group.run_broadcast(plan, buf, _far())
+                assert same_bits(buf, expected), f"{dtype} x{length} root {root}"
+                # Mixed: odd ranks take the general path for the same call.
+                mixed = make(me, dtype, length)
+                if me % 2:
+                    group.broadcast(mixed, root, _far(), digest=9)
+                else:
+                    group.run_broadcast(plan, mixed.reshape(length, 1), _far())
+                assert same_bits(mixed, expected.reshape(-1)), f"mixed {dtype} x{length} root {root}"
+                checked += 1
         return checked
 
     counts = run_group(size, body)
