@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -142,11 +143,17 @@ def reduce_parts(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray]) -> None
     try:
         # As in _combine: overflow to inf and inf - inf = nan are results, not warnings.
         with np.errstate(over="ignore", invalid="ignore"):
-            ufunc(parts[0], parts[1], out=out)
-            for part in parts[2:]:
-                ufunc(out, part, out=out)
+            fold(ufunc, out, parts)
     finally:
         _spent.ns = getattr(_spent, "ns", 0) + time.perf_counter_ns() - started
+
+
+def fold(ufunc: Any, out: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+    """``out = parts[0] UFUNC parts[1] UFUNC ...`` in this order, one kernel pass per part (``out`` may be
+    ``parts[0]`` or ``parts[1]`` but no later part). No error-state switch and no clock: the caller's."""
+    ufunc(parts[0], parts[1], out=out)
+    for part in parts[2:]:
+        ufunc(out, part, out=out)
 
 
 def reducing_ns() -> int:

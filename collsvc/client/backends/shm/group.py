@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.reduction import finish_average, native_ufunc, reduce_parts
+from collsvc.client.backends.reduction import finish_average, fold, native_ufunc, reduce_parts
 from collsvc.client.backends.shm.descriptor import encode as encode_call
 from collsvc.client.backends.shm.steps import CallScope, StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
@@ -238,16 +238,11 @@ class LocalGroup(StepEngine):
         parts = plan.parts[parity]
         # Into our slot of the other parity first, as _reduce does (same alignment on every rank).
         scratch = plan.own_inputs[1 - parity]
-        ufunc = plan.ufunc
         if plan.quiet:
             with np.errstate(over="ignore", invalid="ignore"):
-                ufunc(parts[0], parts[1], out=scratch)
-                for part in parts[2:]:
-                    ufunc(scratch, part, out=scratch)
+                fold(plan.ufunc, scratch, parts)
         else:
-            ufunc(parts[0], parts[1], out=scratch)
-            for part in parts[2:]:
-                ufunc(scratch, part, out=scratch)
+            fold(plan.ufunc, scratch, parts)
         if plan.average:
             finish_average(scratch, self._size)
         dst[...] = scratch
