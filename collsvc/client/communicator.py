@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import numpy as np
-
 from collsvc.arrays import adapt
 from collsvc.client import any_source, bucketing, objects, ops
 from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
@@ -128,16 +126,16 @@ class Communicator:
         return self._job.executor.run(execute)
 
     def _repeatable(
-        self, kind: str, x: np.ndarray, arg: ReduceOp | int, out: Any, plan: Callable[[], ops.Planned]
+        self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, plan: Callable[[], ops.Planned]
     ) -> Any:
-        """A synchronous call of a numpy ``x`` (``out`` None or ``x``) that may take the fast path for
-        repeated calls (``client/fast_path.py``); else planned by ``plan``, issued, and learned from."""
-        ran, result = self._repeated.run(kind, x, arg, out is x)
+        """Issues the call ``plan`` makes, or runs it on the fast path for repeated calls
+        (``client/fast_path.py``) where it may take it; teaches that path otherwise."""
+        ran, result = self._repeated.run(kind, x, arg, out, async_op)
         if ran:
             return result
         planned = plan()
-        result = self._issue(planned)
-        self._repeated.learn(kind, x, arg, planned.signature)
+        result = self._issue(planned, async_op=async_op)
+        self._repeated.learn(kind, x, arg, out, async_op, planned.signature)
         return result
 
     def _group_rank(self, rank: int, what: str) -> int:
@@ -161,9 +159,8 @@ class Communicator:
             ValueError: ``out`` has the wrong shape.
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: see API.md.
         """
-        if async_op or type(x) is not np.ndarray or type(op) is not ReduceOp or not (out is None or out is x):
-            return self._issue(ops.all_reduce(self._view, x, op, out=out), async_op=async_op)
-        return self._repeatable("all_reduce", x, op, out, lambda: ops.all_reduce(self._view, x, op, out=out))
+        plan = functools.partial(ops.all_reduce, self._view, x, op, out=out)
+        return self._repeatable("all_reduce", x, op, out, async_op, plan)
 
     def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
@@ -181,9 +178,9 @@ class Communicator:
             TypeError / ValueError: unsupported array, wrong ``out``, or ``src`` out of range.
         """
         root = self._group_rank(src, "src")
-        if async_op or type(x) is not np.ndarray or not (out is None or out is x):
-            return self._issue(ops.broadcast(self._view, x, root, out=out), async_op=async_op)
-        return self._repeatable("broadcast", x, root, out, lambda: ops.broadcast(self._view, x, root, out=out))
+        return self._repeatable(
+            "broadcast", x, root, out, async_op, lambda: ops.broadcast(self._view, x, root, out=out)
+        )
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Every rank's ``x`` concatenated along axis 0 in rank order (0-d arrays count as shape (1,)).

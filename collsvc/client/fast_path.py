@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -159,7 +160,7 @@ class RepeatedCalls:
         self._known: dict[tuple[str, np.dtype, tuple[int, ...], ReduceOp | int], _Repeated | None] = {}
         self._enabled = fast_path_enabled()
 
-    def run(self, kind: str, x: np.ndarray, arg: ReduceOp | int, in_place: bool) -> tuple[bool, np.ndarray | None]:
+    def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> tuple[bool, np.ndarray | None]:
         """Runs a ``kind`` call ("all_reduce" with op ``arg``, "broadcast" from root ``arg``) on its fast
         path if it has one and may take it now.
 
@@ -169,7 +170,10 @@ class RepeatedCalls:
         Raises:
             As :meth:`_Repeated.run`, or the job's failure.
         """
+        if not _may_repeat(x, arg, out, async_op):
+            return False, None
         repeated = self._known.get((kind, x.dtype, x.shape, arg))
+        in_place = out is x
         if (
             repeated is None
             or not x.flags.c_contiguous
@@ -184,13 +188,15 @@ class RepeatedCalls:
         """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics)."""
         return self._known.get((kind, x.dtype, x.shape, arg)) is not None
 
-    def learn(self, kind: str, x: np.ndarray, arg: ReduceOp | int, signature: Signature) -> None:
-        """Prepares the fast path of ``kind`` calls like ``x`` with ``arg`` (which just took the general
-        path with ``signature``), once per (kind, dtype, shape, arg).
+    def learn(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, signature: Signature) -> None:
+        """Prepares the fast path of ``kind`` calls like this one (which just took the general path with
+        ``signature``), once per (kind, dtype, shape, arg), where such calls may take one at all.
 
         Raises:
             TypeError / ValueError: a bad op or root.
         """
+        if not _may_repeat(x, arg, out, async_op):
+            return
         key = (kind, x.dtype, x.shape, arg)
         if key in self._known:
             return
@@ -198,3 +204,9 @@ class RepeatedCalls:
             self._known.clear()
         prepared = _prepare(kind, self._job, self._spec, self._stream, signature, x, arg) if self._enabled else None
         self._known[key] = prepared
+
+
+def _may_repeat(x: Any, arg: Any, out: Any, async_op: bool) -> bool:
+    """Whether a call could ever take a fast path: synchronous, on a numpy array (not a subclass), in
+    place or into a new array, with a ReduceOp or an int root (anything else the general path checks)."""
+    return not async_op and type(x) is np.ndarray and type(arg) in (ReduceOp, int) and (out is None or out is x)
