@@ -69,7 +69,7 @@ def adapt(x: Any, *, name: str = "array") -> Adapted:
     if _is_cupy(x):
         return Adapted(x, _cupy_dtype_name(x), "cupy", True, x, tuple(x.shape))
     if _module_of(x) == "torch":
-        host = _torch_cpu_view(x)
+        host = torch_cpu_view(x)
         if host is not None:
             return Adapted(host, dtype_name(host.dtype), "torch", False, x, host.shape)
         device_view = _torch_cuda_view(x)
@@ -103,10 +103,11 @@ def adapt(x: Any, *, name: str = "array") -> Adapted:
     )
 
 
-def _torch_cpu_view(x: Any) -> np.ndarray | None:
+def torch_cpu_view(x: Any) -> np.ndarray | None:
     """A numpy view of a CPU torch tensor through its own ``numpy()`` (a few times cheaper than a DLPack
-    round trip), or None where that does not apply: CUDA, bfloat16, autograd, conjugate views."""
-    if x.device.type != "cpu" or x.requires_grad or _torch_bf16(x):
+    round trip), or None where that does not apply: CUDA, bfloat16 or another dtype numpy lacks,
+    autograd, conjugate or negated views, sparse layouts."""
+    if not x.is_cpu or x.requires_grad or _torch_bf16(x):
         return None
     try:
         view: np.ndarray = x.numpy()
