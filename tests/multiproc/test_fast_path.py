@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,10 @@ import numpy as np
 import pytest
 
 import collsvc
-from collsvc.errors import CollsvcError
 from collsvc.types import ReduceOp
 from tests.harness import coordinator, run_ranks
 from tests.multiproc.checks import DTYPES, allowed, assert_close, assert_identical_everywhere, make, np_dtype, reference
+from tests.multiproc.test_faults import attempt
 
 HOST = {"COLLSVC_HOST": "fast-path-host"}  # one host: the shared-memory path
 SHAPES = [(), (1,), (7, 3), (1023,)]
@@ -84,11 +83,7 @@ def broadcast_roots_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
     x = np.ones(8)
     for root in (0, 1):  # both roots learned on every rank
         comm.broadcast(x, root)
-    try:
-        comm.broadcast(x, comm.rank)  # each rank thinks it is the root
-    except CollsvcError as exc:
-        return {"type": type(exc).__name__, "message": str(exc)}
-    return {"type": None}
+    return attempt(comm.broadcast, x, comm.rank)  # each rank thinks it is the root
 
 
 def test_broadcast_roots_that_disagree_on_the_fast_path_are_a_mismatch_on_every_rank() -> None:
@@ -147,12 +142,7 @@ def test_calls_the_fast_path_cannot_take_still_work() -> None:
 def mismatch_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
     for shape in ((8,), (9,)):  # both shapes learned on every rank
         comm.all_reduce(np.ones(shape))
-    started = time.monotonic()
-    try:
-        comm.all_reduce(np.ones((8,) if comm.rank == 0 else (9,)))
-    except CollsvcError as exc:
-        return {"type": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - started}
-    return {"type": None}
+    return attempt(comm.all_reduce, np.ones((8,) if comm.rank == 0 else (9,)))
 
 
 def test_a_mismatch_on_the_fast_path_names_both_calls_on_every_rank() -> None:
@@ -172,16 +162,7 @@ def dead_peer_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
         comm.job.store.get("survivor-entered", 30.0)
         os._exit(3)  # a crash: no clean leave
     comm.job.store.set("survivor-entered", b"1")
-    started = time.monotonic()
-    try:
-        comm.all_reduce(x)
-    except CollsvcError as exc:
-        return {
-            "type": type(exc).__name__,
-            "ranks": list(getattr(exc, "ranks", [])),
-            "elapsed": time.monotonic() - started,
-        }
-    return {"type": None}
+    return attempt(comm.all_reduce, x)
 
 
 def test_a_dead_peer_on_the_fast_path_is_named_in_time() -> None:
