@@ -49,8 +49,8 @@ def main() -> int:
         return 0
 
     import collsvc
+    from collsvc.options import CoordinatorOptions
     from collsvc.server.app import CoordinatorThread
-    from collsvc.types import CoordinatorOptions
 
     with CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token="bench")) as thread:
         comm = collsvc.init(coordinator=thread.address, world_size=1, rank=0, backend="nccl", token="bench")

@@ -67,8 +67,8 @@ def memory_bytes(pid: int, name: str) -> int:
 
 
 def _coordinator(port_queue: Any, stop_event: Any, profile: str | None, heartbeat_timeout: float = 3600.0) -> None:
+    from collsvc.options import CoordinatorOptions
     from collsvc.server.app import serve
-    from collsvc.types import CoordinatorOptions
 
     logging.basicConfig(level=os.environ.get("COLLSVC_BENCH_LOG", "WARNING"))
     # Without --heartbeat-seconds nobody sends heartbeats: then the monitor must not fail the ranks.

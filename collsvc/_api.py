@@ -26,7 +26,8 @@ from collsvc.client.communicator import WORLD, Communicator
 from collsvc.client.job import connect
 from collsvc.config import leave_on_sigterm, resolve_init
 from collsvc.errors import CollsvcError, RendezvousError
-from collsvc.types import InitOptions, ReduceOp
+from collsvc.options import InitOptions
+from collsvc.types import ReduceOp
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import grpc
 from collsvc import config
 from collsvc._cli_common import DEFAULT_COORDINATOR, EXIT_FAILURE, EXIT_OK, UsageError, read_token_file
 from collsvc.client.join_report import describe_not_joined, ranks_text
-from collsvc.types import CoordinatorOptions, TlsFiles
+from collsvc.options import CoordinatorOptions, TlsFiles
 
 # -- coordinator -----------------------------------------------------------------------------------
 

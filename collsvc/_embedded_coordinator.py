@@ -92,8 +92,8 @@ class EmbeddedCoordinator:
 
     def _serve(self) -> None:
         try:
+            from collsvc.options import CoordinatorOptions
             from collsvc.server.app import CoordinatorThread
-            from collsvc.types import CoordinatorOptions
 
             server = CoordinatorThread(CoordinatorOptions(host=HOST, port=self.port, token=self._token))
             server.start()  # RuntimeError when not listening within its own 30 s

@@ -15,8 +15,8 @@ from collsvc.client.coordinator_channel import make_channel
 from collsvc.client.join_relay import error_frame
 from collsvc.client.relay_wire import ERROR, OK
 from collsvc.client.rendezvous import SERVER_WAIT_MARGIN
+from collsvc.options import TlsFiles
 from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
-from collsvc.types import TlsFiles
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from collsvc.config import tls_from_env
 
 if TYPE_CHECKING:
     from collsvc._join_batch import BatchSender
+    from collsvc.options import TlsFiles
     from collsvc.proto.v1.coordinator_pb2 import JoinRequest
-    from collsvc.types import TlsFiles
 
 log = logging.getLogger(__name__)
 

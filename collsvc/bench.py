@@ -74,8 +74,8 @@ def run_bench(
         RuntimeError: a rank failed (its stderr's tail is in the message).
         TimeoutError: the ranks ran longer than ``timeout`` seconds in all.
     """
+    from collsvc.options import CoordinatorOptions
     from collsvc.server.app import CoordinatorThread
-    from collsvc.types import CoordinatorOptions
 
     token = secrets.token_urlsafe(24)
     coordinator = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=token))

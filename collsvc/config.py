@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: the launcher reads its settings here before numpy is loaded
-    from collsvc.types import InitOptions, TlsFiles
+    from collsvc.options import InitOptions, TlsFiles
 
 COORDINATOR_VARS = ("COLLSVC_COORDINATOR", "MASTER_ADDR+MASTER_PORT")
 WORLD_SIZE_VARS = ("COLLSVC_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE")
@@ -122,7 +122,7 @@ def tls_from_env(env: Mapping[str, str]) -> TlsFiles | None:
     Raises:
         ValueError: only some of the three are set.
     """
-    from collsvc.types import TlsFiles
+    from collsvc.options import TlsFiles
 
     names = ("COLLSVC_TLS_CERT", "COLLSVC_TLS_KEY", "COLLSVC_TLS_CA")
     values = [env.get(n, "") for n in names]
@@ -194,7 +194,7 @@ def resolve_init(
         ValueError: no coordinator or world size can be found (the message names the variables to set),
             a variable is not an integer, or a value is out of range.
     """
-    from collsvc.types import InitOptions
+    from collsvc.options import InitOptions
 
     env = os.environ if env is None else env
     coordinator = coordinator or coordinator_from_env(env)

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from collsvc.options import CoordinatorOptions
 from collsvc.server.app import CoordinatorThread
-from collsvc.types import CoordinatorOptions
 
 TOKEN = "harness-token"
 

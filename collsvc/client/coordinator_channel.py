@@ -12,7 +12,7 @@ import grpc
 
 from collsvc.client.backends.grpc_options import channel_credentials, keepalive_options
 from collsvc.errors import AuthenticationError
-from collsvc.types import TlsFiles
+from collsvc.options import TlsFiles
 
 # A rank may dial before its coordinator listens; gRPC's default 1 s reconnect backoff would dominate
 # start-up, so retry quickly (measured: 1.3 s -> 0.4 s to the first barrier). gRPC retries a refused

@@ -41,8 +41,8 @@ from collsvc.errors import (
 )
 from collsvc.failure_report import install as install_failure_report
 from collsvc.observability.recorder import CallRecorder, Span
+from collsvc.options import InitOptions, Limits
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
-from collsvc.types import InitOptions, Limits
 
 log = logging.getLogger(__name__)
 

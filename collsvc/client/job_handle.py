@@ -15,7 +15,7 @@ from collsvc.errors import RankFailedError
 
 if TYPE_CHECKING:
     from collsvc.client.job import Job
-    from collsvc.types import InitOptions
+    from collsvc.options import InitOptions
 
 
 class KeyValueStore(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from collsvc.types import InitOptions
+from collsvc.options import InitOptions
 
 
 def _is_loopback(host: str) -> bool:

@@ -22,8 +22,8 @@ from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.client.relay_wire import RELAY_ENV
 from collsvc.errors import CollectiveTimeoutError, error_from_rpc
+from collsvc.options import TlsFiles
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from collsvc.types import TlsFiles
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from collsvc._api import default_communicator, destroy, init_with, is_initialize
 from collsvc.client.communicator import Communicator
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import CollectiveTimeoutError, RendezvousError
-from collsvc.types import InitOptions, ReduceOp
+from collsvc.options import InitOptions
+from collsvc.types import ReduceOp
 
 log = logging.getLogger(__name__)
 

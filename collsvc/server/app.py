@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from collsvc.options import CoordinatorOptions
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.coordinator import SERVICE, CoordinatorServicer, add_coordinator
 from collsvc.server.services.hub import DEFAULT_WAIT_S, Hub
-from collsvc.types import CoordinatorOptions
 
 if TYPE_CHECKING:  # prometheus-client is imported only when metrics are served
     from collsvc.server.metrics import MetricsEndpoint

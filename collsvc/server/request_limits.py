@@ -1,6 +1,6 @@
 """The size of every Coordinator request, bounded field by field and as a whole.
 
-Every field has a limit from :class:`collsvc.types.Limits`: keys, values, failure texts and the last
+Every field has a limit from :class:`collsvc.options.Limits`: keys, values, failure texts and the last
 operation of a progress entry have their own; every other text field (job ids, group names, hosts,
 peer addresses, device ids, member secrets) has ``max_name_bytes``; lists of ranks have
 ``max_world_size`` entries. From these limits follows the largest message each method can need (its
@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
 
 from collsvc.errors import ResourceLimitError
-from collsvc.types import Limits
+from collsvc.options import Limits
 
 # The Limits attribute that bounds each text or bytes field, by field name; others: max_name_bytes.
 _FIELD_LIMITS: dict[str, str] = {

@@ -124,8 +124,8 @@ def install_rendezvous() -> None:
 
 def _publish_coordinator(store: Any, size: int) -> tuple[dict[str, str], Any]:
     """Rank 0: starts the embedded coordinator and returns what the others need to join it."""
+    from collsvc.options import CoordinatorOptions
     from collsvc.server.app import CoordinatorThread
-    from collsvc.types import CoordinatorOptions
 
     me = socket.gethostname()
     hosts = {store.get(f"{_KEY}host/{r}").decode() for r in range(size)}

@@ -12,10 +12,10 @@ import grpc
 import pytest
 
 from collsvc.errors import CollsvcError, error_from_rpc
+from collsvc.options import CoordinatorOptions
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.proto.v1 import coordinator_pb2_grpc
 from collsvc.server.app import CoordinatorThread
-from collsvc.types import CoordinatorOptions
 
 TOKEN = "integration-token"
 CALL_TIMEOUT = 10.0

@@ -12,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from collsvc.errors import RankFailedError, RendezvousError, error_from_rpc
+from collsvc.options import CoordinatorOptions
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.server.app import CoordinatorThread, build_server, check_security, serve
-from collsvc.types import CoordinatorOptions
 
 
 def test_second_coordinator_on_a_used_port_fails_fast(start_coordinator: Callable[..., Any]) -> None:

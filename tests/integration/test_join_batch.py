@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from collsvc.errors import AuthenticationError, RendezvousError, ResourceLimitError
+from collsvc.options import Limits
 from collsvc.proto.v1 import coordinator_pb2 as pb
-from collsvc.types import Limits
 
 from .conftest import Client, expect_error
 

@@ -13,8 +13,8 @@ from collsvc._join_relay import MAX_BATCH, JoinRelay
 from collsvc.client.relay_wire import RELAY_ENV
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import RendezvousError
+from collsvc.options import Limits
 from collsvc.proto.v1 import common_pb2
-from collsvc.types import Limits
 
 from .conftest import TOKEN, Client
 

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from collsvc.errors import ResourceLimitError
+from collsvc.options import Limits
 from collsvc.proto.v1 import coordinator_pb2 as pb
-from collsvc.types import Limits
 
 from .conftest import Client, expect_error
 

@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 import pytest
 
+from collsvc.options import TlsFiles
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.proto.v1 import coordinator_pb2_grpc
-from collsvc.types import TlsFiles
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

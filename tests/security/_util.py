@@ -12,9 +12,9 @@ from typing import Any
 
 import grpc
 
+from collsvc.options import TlsFiles
 from collsvc.proto.v1 import common_pb2
 from collsvc.proto.v1 import coordinator_pb2 as pb
-from collsvc.types import TlsFiles
 from tests.harness import TOKEN, JobResult, run_ranks
 from tests.security import ranks
 

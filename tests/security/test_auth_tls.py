@@ -17,8 +17,8 @@ import pytest
 
 import collsvc
 from collsvc.client.backends.ring import frames
+from collsvc.options import Limits
 from collsvc.proto.v1 import coordinator_pb2 as pb
-from collsvc.types import Limits
 from tests.cli._util import run_cli, script
 from tests.harness import TOKEN, coordinator, run_ranks
 from tests.security import ranks

@@ -15,12 +15,12 @@ import pytest
 
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import ResourceLimitError
+from collsvc.options import Limits
 from collsvc.proto.v1 import common_pb2
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.coordinator import SERVICE
 from collsvc.server.services.join import client_address
-from collsvc.types import Limits
 from tests.harness import TOKEN, coordinator
 from tests.security._util import COORDINATOR, raw_call
 

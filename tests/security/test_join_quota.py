@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from collsvc.errors import ResourceLimitError
+from collsvc.options import Limits
 from collsvc.server.state.joins import JoinQuota
-from collsvc.types import Limits
 
 
 def test_jobs_per_client_are_capped_and_given_back() -> None:

@@ -29,11 +29,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import AuthenticationError, CollsvcError, ResourceLimitError
+from collsvc.options import Limits
 from collsvc.proto.v1 import common_pb2
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.coordinator import SERVICE
-from collsvc.types import Limits
 from tests.cli._util import cli_env
 from tests.harness import TOKEN, coordinator, run_ranks
 from tests.security import ranks
@@ -45,7 +45,7 @@ RSS_GROWTH_LIMIT_MB = 16.0
 _SERVE = f"""
 import dataclasses, json, sys
 from collsvc.server.app import CoordinatorThread
-from collsvc.types import CoordinatorOptions, Limits
+from collsvc.options import CoordinatorOptions, Limits
 host, limits = sys.argv[1], Limits(**json.loads(sys.argv[2]))
 thread = CoordinatorThread(CoordinatorOptions(host=host, port=0, token={TOKEN!r}, limits=limits))
 print(thread.start(), flush=True)

@@ -1,7 +1,7 @@
 """What start-up loads: each check runs a fresh interpreter and reads its ``sys.modules``.
 
-``collsvc run`` must start its ranks before it loads gRPC, protobuf or numpy (the embedded coordinator
-loads them on a thread while the ranks start); ``import collsvc`` must stay cheap; and a rank never
+``collsvc run`` must start its ranks before it loads gRPC or protobuf (the embedded coordinator loads
+them on a thread while the ranks start) and never loads numpy; ``import collsvc`` must stay cheap; and a rank never
 loads the coordinator's server side, torch or CuPy unless the user's code does.
 """
 
@@ -58,6 +58,16 @@ def test_the_launcher_starts_ranks_before_loading_grpc_protobuf_or_numpy() -> No
     )
     assert under(modules, HEAVY) == []
     assert under(modules, SERVER_SIDE) == []
+
+
+def test_the_coordinator_loads_no_numpy() -> None:
+    # The embedded coordinator starts in the launcher while the ranks import numpy themselves: the
+    # server side and everything the launcher runs beside it (the join relay) must not load it too.
+    modules = loaded_after(
+        "import collsvc.server.app, collsvc.options, collsvc._embedded_coordinator, collsvc._join_relay"
+    )
+    assert under(modules, ("numpy", "ml_dtypes")) == []
+    assert "collsvc.server.app" in modules  # sanity
 
 
 @pytest.mark.parametrize(

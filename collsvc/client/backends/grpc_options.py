@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from collsvc.types import TlsFiles
+from collsvc.options import TlsFiles
 
 
 def _read(path: str) -> bytes:

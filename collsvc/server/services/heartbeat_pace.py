@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collsvc.types import CoordinatorOptions
+from collsvc.options import CoordinatorOptions
 
 # Heartbeats one job may send the coordinator per second (about a quarter of its core).
 MAX_HEARTBEATS_PER_SECOND = 2000.0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collsvc.errors import AuthenticationError
+from collsvc.options import CoordinatorOptions
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.interceptors import Context
 from collsvc.server.services.broadcast import Broadcast
@@ -29,7 +30,6 @@ from collsvc.server.state.jobs import BAD_CREDENTIALS, Job
 from collsvc.server.state.joins import JoinQuota
 from collsvc.server.state.recovery import Reregistration
 from collsvc.server.state.registry import Registry
-from collsvc.types import CoordinatorOptions
 
 log = logging.getLogger(__name__)
 Events = coordinator_pb2.EventKind

@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from collsvc.errors import AbortedError, AuthenticationError, RendezvousError
 from collsvc.observability.stats import Histogram
+from collsvc.options import Limits
 from collsvc.server.state.barriers import BarrierBook
 from collsvc.server.state.common import (
     Clock,
@@ -30,7 +31,6 @@ from collsvc.server.state.kvstore import KVStore
 from collsvc.server.state.lifecycle import JobAction, JobPhase, Lifecycle
 from collsvc.server.state.recovery import Reregistration, placeholder
 from collsvc.server.state.roster import JoinRequest, Roster
-from collsvc.types import Limits
 
 log = logging.getLogger(__name__)
 

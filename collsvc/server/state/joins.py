@@ -11,7 +11,7 @@ share back at once.
 from __future__ import annotations
 
 from collsvc.errors import ResourceLimitError
-from collsvc.types import Limits
+from collsvc.options import Limits
 
 
 class JoinQuota:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collsvc.errors import ResourceLimitError
-from collsvc.types import Limits
+from collsvc.options import Limits
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1

@@ -7,10 +7,10 @@ import secrets
 from collections.abc import Callable
 
 from collsvc.errors import ResourceLimitError
+from collsvc.options import Limits
 from collsvc.server.state.common import Clock, NotFoundError
 from collsvc.server.state.credentials import MemberSecrets
 from collsvc.server.state.jobs import Job
-from collsvc.types import Limits
 
 log = logging.getLogger(__name__)
 

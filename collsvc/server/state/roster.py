@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collsvc.errors import RendezvousError, ResourceLimitError
+from collsvc.options import Limits
 from collsvc.server.state.common import Device, Member, MemberState
 from collsvc.server.state.ranks import assign_ranks
-from collsvc.types import Limits
 
 
 @dataclass(frozen=True, slots=True)

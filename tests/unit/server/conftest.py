@@ -5,13 +5,13 @@ from typing import Any
 
 import pytest
 
+from collsvc.options import Limits
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.hub import Stream
 from collsvc.server.state.common import Device
 from collsvc.server.state.credentials import MemberSecrets
 from collsvc.server.state.jobs import Job
 from collsvc.server.state.roster import JoinRequest
-from collsvc.types import Limits
 
 
 class FakeClock:

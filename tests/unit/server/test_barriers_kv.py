@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from collsvc.errors import ResourceLimitError
+from collsvc.options import Limits
 from collsvc.server.state.barriers import BarrierBook
 from collsvc.server.state.kvstore import KVStore
-from collsvc.types import Limits
 
 
 def test_barrier_completes_when_all_arrive() -> None:

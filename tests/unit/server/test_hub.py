@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+from collsvc.options import CoordinatorOptions
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.heartbeat_pace import (
     MAX_HEARTBEATS_PER_SECOND,
@@ -16,7 +17,6 @@ from collsvc.server.services.heartbeat_pace import (
 from collsvc.server.services.hub import Hub
 from collsvc.server.state.common import Device, MemberState
 from collsvc.server.state.roster import JoinRequest
-from collsvc.types import CoordinatorOptions
 
 from .conftest import FakeClock, drain
 

@@ -13,10 +13,10 @@ from collsvc.errors import (
     RendezvousError,
     ResourceLimitError,
 )
+from collsvc.options import Limits
 from collsvc.server.state.common import MemberState, NotFoundError
 from collsvc.server.state.jobs import Job
 from collsvc.server.state.registry import Registry
-from collsvc.types import Limits
 
 from .conftest import FakeClock, join
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from collsvc.errors import AuthenticationError, RankFailedError, RendezvousError
+from collsvc.options import CoordinatorOptions, Limits
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.hub import Hub
 from collsvc.server.state.barriers import BarrierBook
@@ -17,7 +18,6 @@ from collsvc.server.state.kvstore import KVStore
 from collsvc.server.state.lifecycle import JobPhase
 from collsvc.server.state.recovery import Reregistration
 from collsvc.server.state.roster import JoinRequest
-from collsvc.types import CoordinatorOptions, Limits
 
 from .conftest import FakeClock, drain
 

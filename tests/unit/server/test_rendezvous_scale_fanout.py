@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from collsvc.options import CoordinatorOptions, Limits
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.broadcast import Broadcast
@@ -13,7 +14,6 @@ from collsvc.server.services.hub import Hub
 from collsvc.server.services.join import rank_list
 from collsvc.server.state.barriers import BarrierBook
 from collsvc.server.state.jobs import Job
-from collsvc.types import CoordinatorOptions, Limits
 
 from .conftest import FakeClock, join
 

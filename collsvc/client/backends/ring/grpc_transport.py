@@ -38,7 +38,7 @@ from collsvc.errors import (
     CollsvcError,
     RankFailedError,
 )
-from collsvc.types import TlsFiles
+from collsvc.options import TlsFiles
 
 log = logging.getLogger(__name__)
 
