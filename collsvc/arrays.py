@@ -103,16 +103,54 @@ def adapt(x: Any, *, name: str = "array") -> Adapted:
     )
 
 
+# The CPU torch dtypes numpy has, as numpy's (bfloat16 and the quantized and bit-packed ones it lacks).
+_TORCH_HOST_DTYPES = {
+    f"torch.{name}": np.dtype(name)
+    for name in (
+        "float16", "float32", "float64", "complex64", "complex128", "bool",
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    )
+}  # fmt: skip
+
+
+class _TensorMemory:
+    """A CPU tensor's memory as numpy's array interface, holding the tensor: the base of a view made by
+    :func:`torch_cpu_view`, which keeps the tensor alive as long as the view."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, interface: dict[str, Any], tensor: Any) -> None:
+        self.__array_interface__ = interface
+        self.tensor = tensor
+
+
 def torch_cpu_view(x: Any) -> np.ndarray | None:
-    """A numpy view of a CPU torch tensor through its own ``numpy()`` (a few times cheaper than a DLPack
-    round trip), or None where that does not apply: CUDA, bfloat16 or another dtype numpy lacks,
-    autograd, conjugate or negated views, sparse layouts."""
-    if not x.is_cpu or x.requires_grad or _torch_bf16(x):
+    """A numpy view of a CPU torch tensor's memory (no copy), or None where that does not apply: CUDA,
+    bfloat16 or another dtype numpy lacks, autograd, conjugate or negated views, sparse layouts.
+
+    The view is made from the tensor's address, shape and strides through numpy's array interface,
+    not with ``Tensor.numpy()``: that marks the tensor's storage as never resizable again (so a
+    collective would break ``resize_`` and the storage freeing FSDP does, which gloo leaves alone), and
+    costs twice as much.
+    """
+    dtype = _TORCH_HOST_DTYPES.get(str(x.dtype))
+    if dtype is None or not x.is_cpu or x.requires_grad or x.is_conj() or x.is_neg():
+        return None
+    if str(x.layout) != "torch.strided":
         return None
     try:
-        view: np.ndarray = x.numpy()
-    except (RuntimeError, TypeError):
+        address = x.data_ptr()  # raises for tensor subclasses without storage of their own
+    except RuntimeError:
         return None
+    itemsize = dtype.itemsize
+    interface = {
+        "data": (address, False),
+        "shape": tuple(x.shape),
+        "strides": tuple(stride * itemsize for stride in x.stride()),
+        "typestr": dtype.str,
+        "version": 3,
+    }
+    view: np.ndarray = np.asarray(_TensorMemory(interface, x))
     return view
 
 

@@ -258,6 +258,30 @@ def _async_returns_before_the_others_arrive(rank: int, n: int) -> None:
     assert t.tolist() == [float(n)] * 1024
 
 
+def _tensors_stay_resizable(rank: int, n: int) -> None:
+    # gloo leaves a tensor's storage resizable after a collective; FSDP frees storage with resize_(0).
+    import torch
+    import torch.distributed as dist
+
+    reduced = torch.ones(256)
+    for _ in range(3):  # the first call learns the fast path, the later ones take it
+        dist.all_reduce(reduced)
+    sent = torch.full((8,), float(rank))
+    dist.broadcast(sent, src=0)
+    gathered = torch.empty(4 * n)
+    dist.all_gather_into_tensor(gathered, torch.full((4,), float(rank)))
+    scattered = torch.empty(4)
+    dist.reduce_scatter_tensor(scattered, torch.ones(4 * n))
+    assert reduced.tolist() == [float(n**3)] * 256 and sent.tolist() == [0.0] * 8
+    assert scattered.tolist() == [float(n)] * 4
+    for t in (reduced, sent, gathered, scattered):
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        storage.resize_(0)
+        storage.resize_(nbytes)
+        t.resize_(t.numel() * 2)
+
+
 CHECKS = (
     _async_returns_before_the_others_arrive,
     _reductions,
@@ -265,6 +289,7 @@ CHECKS = (
     _all_to_all,
     _point_to_point,
     _objects_groups_and_work,
+    _tensors_stay_resizable,
 )
 
 

@@ -150,6 +150,33 @@ def test_torch_tensors_round_trip_zero_copy() -> None:
     assert back_bf.dtype == torch.bfloat16 and float(back_bf.sum()) == 8.0
 
 
+def test_cpu_tensor_views_share_memory_and_leave_the_storage_resizable() -> None:
+    torch = pytest.importorskip("torch")
+    from collsvc.arrays import torch_cpu_view
+
+    t = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    for tensor in (t, t.t(), t[:, 1], t[1:], t[0, 0], torch.ones(0, 3), torch.tensor([True, False])):
+        view = torch_cpu_view(tensor)
+        assert view is not None and view.tolist() == tensor.tolist() and view.shape == tuple(tensor.shape)
+    view = torch_cpu_view(t)
+    view[2, 3] = -1.0  # the tensor's own memory
+    assert float(t[2, 3]) == -1.0
+    t.untyped_storage().resize_(0)  # Tensor.numpy() would have made this an error
+    t.resize_(5)
+    kept = torch.full((4,), 2.0)
+    view = torch_cpu_view(kept)
+    del kept
+    assert view.sum() == 8.0  # the view keeps its tensor alive
+    for refused in (
+        torch.ones(2, dtype=torch.bfloat16),  # numpy has no bfloat16 (it goes by DLPack)
+        torch.ones(2, requires_grad=True),
+        torch.ones(2, dtype=torch.complex64).conj(),
+        torch.ones(2)._neg_view(),
+        torch.ones(2).to_sparse(),
+    ):
+        assert torch_cpu_view(refused) is None
+
+
 def test_a_numpy_scalar_is_refused_as_out_rather_than_silently_left_unwritten() -> None:
     from collsvc.client.operands import Operand
 
