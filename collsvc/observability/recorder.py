@@ -65,8 +65,7 @@ class CallRecorder:
         end = time.time_ns()
         call, start, reduce_start = span
         signature, group = call.signature, call.group
-        nbytes, bus = self.sizes(signature, group.size)
-        self.stats.record(signature.op, group.name, nbytes, (end - start) / 1e9, bus, outcome == "ok")
+        nbytes = self.count(signature, group, start, end, outcome == "ok")
         if self.timeline is None:
             return
         # The call's text is made once per distinct call when the part is written, not here.
@@ -87,7 +86,14 @@ class CallRecorder:
             else:
                 self._dropped += 1
 
-    def sizes(self, signature: Any, group_size: int) -> tuple[int, float]:
+    def count(self, signature: Any, group: Any, start: int, end: int, ok: bool) -> int:
+        """Counts a call of ``signature`` in ``group`` (a ``GroupSpec``) that ran from ``start`` to ``end``
+        (``time.time_ns()``) in the statistics, without a timeline entry; returns its input bytes."""
+        nbytes, bus = self._sizes_of(signature, group.size)
+        self.stats.record(signature.op, group.name, nbytes, (end - start) / 1e9, bus, ok)
+        return nbytes
+
+    def _sizes_of(self, signature: Any, group_size: int) -> tuple[int, float]:
         """The (input bytes, bus bytes) the statistics count for a call of ``signature`` in a group of
         ``group_size`` (see :func:`~collsvc.observability.stats.bus_bytes`)."""
         sizes = self._sizes.get((signature, group_size))

@@ -139,6 +139,24 @@ def test_calls_the_fast_path_cannot_take_still_work() -> None:
     assert all(result.values)
 
 
+def counted_calls(comm: collsvc.Communicator) -> dict[str, list[int]]:
+    x = np.ones(1000, np.float32)
+    for _ in range(20):
+        comm.all_reduce(x, out=x)
+    assert comm._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM)
+    for _ in range(7):
+        comm.broadcast(x, 0, out=x)
+    return {s.op: [s.count, s.bytes, s.failed] for s in comm._job.recorder.stats.snapshot()}
+
+
+def test_calls_on_the_fast_path_are_counted_in_the_statistics() -> None:
+    # What the heartbeat carries to `collsvc status` and the Prometheus metrics.
+    with coordinator() as (_, address):
+        result = run_ranks(counted_calls, 2, address=address, env=HOST, timeout=120)
+    for counted in result.values:
+        assert counted["all_reduce"] == [20, 20 * 4000, 0] and counted["broadcast"] == [7, 7 * 4000, 0], counted
+
+
 def mismatch_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
     for shape in ((8,), (9,)):  # both shapes learned on every rank
         comm.all_reduce(np.ones(shape))
