@@ -103,14 +103,23 @@ def adapt(x: Any, *, name: str = "array") -> Adapted:
     )
 
 
-# The CPU torch dtypes numpy has, as numpy's (bfloat16 and the quantized and bit-packed ones it lacks).
-_TORCH_HOST_DTYPES = {
-    f"torch.{name}": np.dtype(name)
-    for name in (
-        "float16", "float32", "float64", "complex64", "complex128", "bool",
-        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    )
-}  # fmt: skip
+# The CPU torch dtypes numpy has (bfloat16 and the quantized and bit-packed ones it lacks), by name.
+_TORCH_HOST_DTYPE_NAMES = (
+    "float16", "float32", "float64", "complex64", "complex128", "bool",
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+)  # fmt: skip
+# The same by torch's dtype object -> numpy's, and torch's strided layout: filled from the first tensor
+# seen (this module never imports torch itself).
+_TORCH_HOST_DTYPES: dict[Any, np.dtype] = {}
+_TORCH_STRIDED: list[Any] = []
+
+
+def _learn_torch(x: Any) -> None:
+    torch = sys.modules[type(x).__module__.split(".", 1)[0]]
+    for name in _TORCH_HOST_DTYPE_NAMES:
+        if hasattr(torch, name):
+            _TORCH_HOST_DTYPES[getattr(torch, name)] = np.dtype(name)
+    _TORCH_STRIDED.append(torch.strided)
 
 
 class _TensorMemory:
@@ -133,10 +142,12 @@ def torch_cpu_view(x: Any) -> np.ndarray | None:
     collective would break ``resize_`` and the storage freeing FSDP does, which gloo leaves alone), and
     costs twice as much.
     """
-    dtype = _TORCH_HOST_DTYPES.get(str(x.dtype))
-    if dtype is None or not x.is_cpu or x.requires_grad or x.is_conj() or x.is_neg():
+    if not _TORCH_STRIDED:
+        _learn_torch(x)
+    dtype = _TORCH_HOST_DTYPES.get(x.dtype)
+    if dtype is None or not x.is_cpu or x.requires_grad or x.layout is not _TORCH_STRIDED[0]:
         return None
-    if str(x.layout) != "torch.strided":
+    if x.is_conj() or x.is_neg():
         return None
     try:
         address = x.data_ptr()  # raises for tensor subclasses without storage of their own

@@ -102,11 +102,13 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         # The Future is completed only once someone asked for it: synchronous callers never do, and
         # waking the completion thread for them would cost every small collective a thread switch.
         self._future_requested = False
-        if all(isinstance(call, Finished) for call in calls):
+        results = [call.value for call in calls if type(call) is Finished]
+        if len(results) == len(calls):
             # Ran on the caller's thread already: finish here, with no futures or events of its own.
             self._calls: list[concurrent.futures.Future[Any]] = []
             self._pending = 0
-            self._settle([call.value for call in calls if isinstance(call, Finished)])
+            if finish is not None:
+                self._settle(results)
             self._done = _ALREADY_DONE
             return
         self._calls = [_done_future(call.value) if isinstance(call, Finished) else future_of(call) for call in calls]
