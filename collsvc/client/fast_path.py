@@ -39,7 +39,7 @@ class _Repeated:
     """Calls of one collective, shape and argument (op or root) of one Communicator, on its shared-memory
     group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
 
-    __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared")
+    __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_sizes")
 
     def __init__(
         self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: SharedAllReduce | SharedBroadcast
@@ -49,6 +49,7 @@ class _Repeated:
         self._stream = stream
         self._signature = signature
         self._shared = shared
+        self._sizes = job.recorder.sizes(signature, spec.size)
 
     def run(self, seq: int, x: np.ndarray, in_place: bool) -> np.ndarray:
         """Call ``seq`` of the stream with ``x`` (C-contiguous; writable when ``in_place``): the result,
@@ -73,7 +74,7 @@ class _Repeated:
             error = global_mismatch(call, shared.local, exc) if isinstance(exc, CollectiveMismatchError) else exc
             raise job.call_failed(call, record, (call, started, 0), error) from error
         job.progress.finish(record)
-        job.recorder.count(signature, self._spec, started, time.time_ns(), True)
+        job.recorder.count(signature, self._spec, started, time.time_ns(), True, self._sizes)
         return result
 
     def _move(self, x: np.ndarray, in_place: bool, deadline: float) -> np.ndarray:

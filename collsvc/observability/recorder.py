@@ -86,14 +86,17 @@ class CallRecorder:
             else:
                 self._dropped += 1
 
-    def count(self, signature: Any, group: Any, start: int, end: int, ok: bool) -> int:
+    def count(
+        self, signature: Any, group: Any, start: int, end: int, ok: bool, sizes: tuple[int, float] | None = None
+    ) -> int:
         """Counts a call of ``signature`` in ``group`` (a ``GroupSpec``) that ran from ``start`` to ``end``
-        (``time.time_ns()``) in the statistics, without a timeline entry; returns its input bytes."""
-        nbytes, bus = self._sizes_of(signature, group.size)
+        (``time.time_ns()``) in the statistics, without a timeline entry; returns its input bytes.
+        ``sizes``: what :meth:`sizes` returns for it, where the caller kept that."""
+        nbytes, bus = sizes if sizes is not None else self.sizes(signature, group.size)
         self.stats.record(signature.op, group.name, nbytes, (end - start) / 1e9, bus, ok)
         return nbytes
 
-    def _sizes_of(self, signature: Any, group_size: int) -> tuple[int, float]:
+    def sizes(self, signature: Any, group_size: int) -> tuple[int, float]:
         """The (input bytes, bus bytes) the statistics count for a call of ``signature`` in a group of
         ``group_size`` (see :func:`~collsvc.observability.stats.bus_bytes`)."""
         sizes = self._sizes.get((signature, group_size))

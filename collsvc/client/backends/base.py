@@ -60,6 +60,11 @@ class Signature:
         """The call as people read it in logs, status, errors and timelines: ``all_reduce(float32[8], SUM)``."""
         return _call_text(self.op, self.dtype, f"{list(self.shape)}", self.reduce_op, self.root)
 
+    def __hash__(self) -> int:
+        # The generated hash would hash every field on each call; signatures are dictionary keys on
+        # every call's path, and equal signatures have equal digests.
+        return self.digest
+
     @functools.cached_property
     def digest(self) -> int:
         """A 64-bit digest carried in every frame header (the mismatch check compares it)."""
