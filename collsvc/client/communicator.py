@@ -188,7 +188,7 @@ class Communicator:
         Raises:
             TypeError / ValueError: unsupported array, or ``out`` of the wrong shape.
         """
-        return self._issue(ops.all_gather(self._view, x, out=out), async_op=async_op)
+        return self._repeatable("all_gather", x, None, out, async_op, lambda: ops.all_gather(self._view, x, out=out))
 
     def reduce_scatter(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Rank r gets block r (along axis 0) of the reduction.

@@ -1,20 +1,22 @@
-"""Repeated synchronous all_reduce and broadcast calls of numpy arrays within one host, without the
-general layers.
+"""Repeated synchronous all_reduce, broadcast and all_gather calls of numpy arrays within one host,
+without the general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
 ``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
 ``Call``, a progress record and a recorder span, and looks the shared-memory group up, on every call:
 for a 4 KiB array that is most of the call's time. Once a call took the one-barrier shared-memory path,
-the Communicator keeps what it worked out for that (dtype, shape, op): the signature, the group, the
-step's descriptor, the slot views. A later call with a contiguous numpy array then only numbers
-itself, records its progress and statistics, copies into its slot, meets the peers at the same
-barrier with the same descriptor (so the mismatch check stays on), reduces and copies out (a
-broadcast: the root copies in, the others copy out).
+the Communicator keeps what it worked out for that (collective, dtype, shape, op or root): the
+signature, the group, the step's descriptor, the slot views. A later call with a contiguous numpy
+array then only numbers itself, records its progress and statistics, copies into its slot, meets the
+peers at the same barrier with the same descriptor (so the mismatch check stays on), and reduces or
+copies out (a broadcast: the root copies in, the others copy out; an all_gather: every rank copies
+every block out).
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
-Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x``, a
-non-contiguous or read-only array, calls queued on the worker thread, or a job recording its timeline.
+Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x`` (an
+all_gather: other than a fresh C-contiguous array of the result's shape), a non-contiguous or
+read-only array, calls queued on the worker thread, or a job recording its timeline.
 ``COLLSVC_FAST_PATH=0`` sends every call the general way.
 """
 
@@ -27,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.backends.reduction import reduced_as
 from collsvc.client.backends.ring.backend import global_mismatch
-from collsvc.client.backends.shm.groups import SharedAllReduce, SharedBroadcast
+from collsvc.client.backends.shm.groups import SharedAllGather, SharedAllReduce, SharedBroadcast
 from collsvc.client.job import Job
 from collsvc.config import fast_path_enabled
 from collsvc.errors import CollectiveMismatchError, CollsvcError
@@ -42,7 +45,12 @@ class _Repeated:
     __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_sizes")
 
     def __init__(
-        self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: SharedAllReduce | SharedBroadcast
+        self,
+        job: Job,
+        spec: GroupSpec,
+        stream: str,
+        signature: Signature,
+        shared: SharedAllReduce | SharedBroadcast | SharedAllGather,
     ) -> None:
         self._job = job
         self._spec = spec
@@ -51,9 +59,14 @@ class _Repeated:
         self._shared = shared
         self._sizes = job.recorder.sizes(signature, spec.size)
 
-    def run(self, seq: int, x: np.ndarray, in_place: bool) -> np.ndarray:
-        """Call ``seq`` of the stream with ``x`` (C-contiguous; writable when ``in_place``): the result,
-        written into ``x`` when ``in_place``, else a new array.
+    def accepts(self, x: np.ndarray, out: Any) -> bool:
+        """Whether a call of C-contiguous ``x`` with ``out`` may take this path: a new result, or ``x``
+        itself written in place."""
+        return out is None or (out is x and x.flags.writeable)
+
+    def run(self, seq: int, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """Call ``seq`` of the stream with ``x`` and ``out``, which :meth:`accepts`: the result, written
+        into ``out`` when given, else a new array.
 
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: as the
@@ -68,7 +81,7 @@ class _Repeated:
         shared = self._shared
         shared.watch.follow_numbers(self._stream, seq, signature)
         try:
-            result = self._move(x, in_place, deadline)
+            result = self._move(x, out, deadline)
         except CollsvcError as exc:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
             error = global_mismatch(call, shared.local, exc) if isinstance(exc, CollectiveMismatchError) else exc
@@ -77,7 +90,7 @@ class _Repeated:
         job.recorder.count(signature, self._spec, started, time.time_ns(), True, self._sizes)
         return result
 
-    def _move(self, x: np.ndarray, in_place: bool, deadline: float) -> np.ndarray:
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -87,8 +100,8 @@ class RepeatedAllReduce(_Repeated):
     __slots__ = ()
     _shared: SharedAllReduce
 
-    def _move(self, x: np.ndarray, in_place: bool, deadline: float) -> np.ndarray:
-        result = x if in_place else np.empty_like(x)
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = x if out is x else np.empty_like(x)
         self._shared.run(x, result, deadline)
         return result
 
@@ -99,21 +112,54 @@ class RepeatedBroadcast(_Repeated):
     __slots__ = ()
     _shared: SharedBroadcast
 
-    def _move(self, x: np.ndarray, in_place: bool, deadline: float) -> np.ndarray:
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
         if self._shared.plan.is_root:
             self._shared.run(x, deadline)
-            return x if in_place else x.copy()
-        result = x if in_place else np.empty_like(x)
+            return x if out is x else x.copy()
+        result = x if out is x else np.empty_like(x)
         self._shared.run(result, deadline)
         return result
 
 
+class RepeatedAllGather(_Repeated):
+    """All_gathers of one (dtype, shape): every rank's ``x`` concatenated along axis 0, into a new
+    array or a given ``out`` of that shape."""
+
+    __slots__ = ("_result_shape",)
+    _shared: SharedAllGather
+
+    def __init__(self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: SharedAllGather) -> None:
+        super().__init__(job, spec, stream, signature, shared)
+        shape = signature.shape or (1,)  # a 0-d array counts as shape (1,)
+        self._result_shape = (spec.size * shape[0], *shape[1:])
+
+    def accepts(self, x: np.ndarray, out: Any) -> bool:
+        """A new result, or an ``out`` of the result's dtype and shape, C-contiguous, writable and apart
+        from ``x`` (anything else: the general path checks or stages it)."""
+        if out is None:
+            return True
+        return (
+            type(out) is np.ndarray
+            and out.dtype == x.dtype
+            and out.shape == self._result_shape
+            and out.flags.c_contiguous
+            and out.flags.writeable
+            and not np.may_share_memory(out, x)
+        )
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = np.empty(self._result_shape, x.dtype) if out is None else out
+        self._shared.run(x.reshape(-1), result.reshape(-1), deadline)
+        return result
+
+
 def _prepare(
-    kind: str, job: Job, spec: GroupSpec, stream: str, signature: Signature, x: np.ndarray, arg: ReduceOp | int
+    kind: str, job: Job, spec: GroupSpec, stream: str, signature: Signature, x: np.ndarray, arg: ReduceOp | int | None
 ) -> _Repeated | None:
     """The fast path for later calls like this one (``x``: a numpy array that just went through the
-    general path; ``arg``: the op of an all_reduce, the root of a broadcast), or None where they cannot
-    take it.
+    general path; ``arg``: the op of an all_reduce, the root of a broadcast, None for an all_gather), or
+    None where they cannot take it (the group is not all on this host, the array is too large for one
+    step, ...).
 
     Raises:
         TypeError / ValueError: a bad op or root (the general path raised them first).
@@ -121,13 +167,27 @@ def _prepare(
     if job.recorder.timeline is not None:
         return None  # the timeline records per-call phases the general path measures
     try:
+        found = job.ring.existing_shared(spec, stream)
+        if found is None:
+            return None
+        group, watch, local = found
+        digest = signature.digest
         if kind == "all_reduce":
             assert isinstance(arg, ReduceOp)
-            reduced = job.ring.shared_all_reduce(spec, stream, x.dtype, x.shape, arg, signature.digest)
-            return None if reduced is None else RepeatedAllReduce(job, spec, stream, signature, reduced)
-        assert isinstance(arg, int)
-        sent = job.ring.shared_broadcast(spec, stream, x.dtype, x.shape, arg, signature.digest)
-        return None if sent is None else RepeatedBroadcast(job, spec, stream, signature, sent)
+            reducing = group.prepare_all_reduce(x.dtype, x.size, reduced_as(arg), digest, x.shape)
+            if reducing is None:
+                return None
+            average_over = spec.size if arg is ReduceOp.AVG else 0
+            reduced = SharedAllReduce(group, watch, reducing, local, average_over)
+            return RepeatedAllReduce(job, spec, stream, signature, reduced)
+        if kind == "broadcast":
+            assert isinstance(arg, int)
+            sending = group.prepare_broadcast(x.dtype, x.size, arg, digest, x.shape)
+            sent = None if sending is None else SharedBroadcast(group, watch, sending, local)
+            return None if sent is None else RepeatedBroadcast(job, spec, stream, signature, sent)
+        gathering = group.prepare_all_gather(x.dtype, x.size, digest)
+        gathered = None if gathering is None else SharedAllGather(group, watch, gathering, local)
+        return None if gathered is None else RepeatedAllGather(job, spec, stream, signature, gathered)
     except CollsvcError:
         return None  # the group failed meanwhile: the general path raises it
 
@@ -156,11 +216,12 @@ class RepeatedCalls:
     ) -> None:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._next_seq = check_usable, next_seq
-        self._known: dict[tuple[str, np.dtype, tuple[int, ...], ReduceOp | int], _Repeated | None] = {}
+        self._known: dict[tuple[str, np.dtype, tuple[int, ...], ReduceOp | int | None], _Repeated | None] = {}
         self._enabled = fast_path_enabled()
 
     def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> tuple[bool, np.ndarray | None]:
-        """Runs a ``kind`` call ("all_reduce" with op ``arg``, "broadcast" from root ``arg``) on its fast
+        """Runs a ``kind`` call ("all_reduce" with op ``arg``, "broadcast" from root ``arg``, "all_gather"
+        with ``arg`` None) on its fast
         path if it has one and may take it now.
 
         Returns:
@@ -172,18 +233,17 @@ class RepeatedCalls:
         if not _may_repeat(x, arg, out, async_op):
             return False, None
         repeated = self._known.get((kind, x.dtype, x.shape, arg))
-        in_place = out is x
         if (
             repeated is None
             or not x.flags.c_contiguous
-            or (in_place and not x.flags.writeable)
+            or not repeated.accepts(x, out)
             or not self._job.executor.idle  # earlier async calls first, in order
         ):
             return False, None
         self._check_usable()
-        return True, repeated.run(self._next_seq(self._stream), x, in_place)
+        return True, repeated.run(self._next_seq(self._stream), x, out)
 
-    def has_fast_path(self, kind: str, x: np.ndarray, arg: ReduceOp | int) -> bool:
+    def has_fast_path(self, kind: str, x: np.ndarray, arg: ReduceOp | int | None = None) -> bool:
         """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics)."""
         return self._known.get((kind, x.dtype, x.shape, arg)) is not None
 
@@ -206,6 +266,12 @@ class RepeatedCalls:
 
 
 def _may_repeat(x: Any, arg: Any, out: Any, async_op: bool) -> bool:
-    """Whether a call could ever take a fast path: synchronous, on a numpy array (not a subclass), in
-    place or into a new array, with a ReduceOp or an int root (anything else the general path checks)."""
-    return not async_op and type(x) is np.ndarray and type(arg) in (ReduceOp, int) and (out is None or out is x)
+    """Whether a call could ever take a fast path: synchronous, on a numpy array (not a subclass), into a
+    new array or a numpy ``out``, with a ReduceOp, an int root or no argument (an all_gather); anything
+    else the general path checks. Which ``out`` a fast path takes, :meth:`_Repeated.accepts` says."""
+    return (
+        not async_op
+        and type(x) is np.ndarray
+        and (arg is None or type(arg) in (ReduceOp, int))
+        and (out is None or type(out) is np.ndarray)
+    )

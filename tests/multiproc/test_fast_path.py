@@ -1,4 +1,5 @@
-"""The Communicator's fast path for repeated all_reduce calls (client/fast_path.py), on real rank processes.
+"""The Communicator's fast path for repeated all_reduce, broadcast and all_gather calls (client/fast_path.py),
+on real rank processes.
 
 Each call shape runs several times, so every call after the first takes the fast path; the results are
 checked against numpy, against the general path's bits, and across ranks. Calls the fast path must not
@@ -79,6 +80,51 @@ def test_repeated_broadcast_matches_the_root(world_size: int) -> None:
     assert len(set(result.values)) == 1 and result.values[0] >= 60
 
 
+def repeated_all_gathers(comm: collsvc.Communicator) -> int:
+    n, checked = comm.size, 0
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            what = f"all_gather {dtype} {shape}"
+            expected = np.concatenate([np.array(make(r, dtype, shape)).reshape(shape or (1,)) for r in range(n)])
+            for _ in range(3):  # the first call learns, the others take the fast path
+                x = np.array(make(comm.rank, dtype, shape))
+                x.flags.writeable = False  # only read
+                got = comm.all_gather(x)
+                assert got.shape == expected.shape and got.tobytes() == expected.tobytes(), what
+                out = np.full_like(expected, 0)
+                assert comm.all_gather(x, out=out) is out and out.tobytes() == expected.tobytes(), what
+                # An out the fast path leaves to the general path (not contiguous), on one rank only.
+                spaced = np.zeros(2 * expected.size, expected.dtype)[:: 2 if comm.rank else 1][: expected.size]
+                strided = spaced.reshape(expected.shape)
+                assert np.shares_memory(strided, spaced) and strided.flags.c_contiguous == (comm.rank == 0), what
+                assert comm.all_gather(x, out=strided) is strided and strided.tobytes() == expected.tobytes(), what
+            assert comm._repeated.has_fast_path("all_gather", x), f"{what}: no fast path was made"
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_repeated_all_gather_matches_every_rank(world_size: int) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(repeated_all_gathers, world_size, address=address, env=HOST, timeout=240)
+    assert len(set(result.values)) == 1 and result.values[0] == len(DTYPES) * len(SHAPES)
+
+
+def all_gather_shapes_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
+    for length in (8, 9):  # both shapes learned on every rank
+        comm.all_gather(np.ones(length))
+    return attempt(comm.all_gather, np.ones(8 + comm.rank))
+
+
+def test_all_gather_shapes_that_disagree_on_the_fast_path_are_a_mismatch_on_every_rank() -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(all_gather_shapes_disagree, 2, address=address, env=HOST, timeout=60, allow_failures=True)
+    for rank, seen in enumerate(result.values):
+        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
+        assert "rank 0 called all_gather(float64[8])" in seen["message"], seen["message"]
+        assert "rank 1 called all_gather(float64[9])" in seen["message"], seen["message"]
+
+
 def broadcast_roots_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
     x = np.ones(8)
     for root in (0, 1):  # both roots learned on every rank
@@ -146,6 +192,9 @@ def counted_calls(comm: collsvc.Communicator) -> dict[str, list[int]]:
     assert comm._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM)
     for _ in range(7):
         comm.broadcast(x, 0, out=x)
+    for _ in range(5):
+        comm.all_gather(x)
+    assert comm._repeated.has_fast_path("all_gather", x)
     return {s.op: [s.count, s.bytes, s.failed] for s in comm._job.recorder.stats.snapshot()}
 
 
@@ -155,6 +204,7 @@ def test_calls_on_the_fast_path_are_counted_in_the_statistics() -> None:
         result = run_ranks(counted_calls, 2, address=address, env=HOST, timeout=120)
     for counted in result.values:
         assert counted["all_reduce"] == [20, 20 * 4000, 0] and counted["broadcast"] == [7, 7 * 4000, 0], counted
+        assert counted["all_gather"] == [5, 5 * 4000, 0], counted
 
 
 def mismatch_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:

@@ -282,6 +282,30 @@ def _tensors_stay_resizable(rank: int, n: int) -> None:
         t.resize_(t.numel() * 2)
 
 
+def _repeated_calls_take_the_fast_path(rank: int, n: int) -> None:
+    # One CPU tensor goes to the Communicator as its numpy view: repeated calls skip the general layers.
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from collsvc.types import ReduceOp
+
+    comm = dist.distributed_c10d._get_default_group().communicator
+    for _ in range(3):
+        reduced = torch.full((16,), float(rank + 1))
+        dist.all_reduce(reduced)
+        sent = torch.full((16,), float(rank))
+        dist.broadcast(sent, src=n - 1)
+        gathered = torch.empty(n, 16)
+        dist.all_gather_into_tensor(gathered, torch.full((16,), float(rank)))
+        assert reduced.tolist() == [n * (n + 1) / 2] * 16 and sent.tolist() == [float(n - 1)] * 16
+        assert gathered.tolist() == [[float(r)] * 16 for r in range(n)]
+    x = np.empty(16, np.float32)
+    assert comm._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM)
+    assert comm._repeated.has_fast_path("broadcast", x, n - 1)
+    assert comm._repeated.has_fast_path("all_gather", x)
+
+
 CHECKS = (
     _async_returns_before_the_others_arrive,
     _reductions,
@@ -290,6 +314,7 @@ CHECKS = (
     _point_to_point,
     _objects_groups_and_work,
     _tensors_stay_resizable,
+    _repeated_calls_take_the_fast_path,
 )
 
 

@@ -1,4 +1,5 @@
-"""LocalGroup.run_all_reduce / run_broadcast (prepared small calls) against all_reduce / broadcast, bit for bit.
+"""LocalGroup.run_all_reduce / run_broadcast / run_all_gather (prepared small calls) against all_reduce /
+broadcast / all_gather, bit for bit.
 
 Peers may take either method for the same call (the Communicator's fast path on one rank, the general
 path on another), so both must publish the same descriptor and combine in the same order.
@@ -81,13 +82,45 @@ def test_prepared_broadcast_matches_the_general_path(size: int) -> None:
     assert counts[0] > 20 and len(set(counts)) == 1
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_prepared_all_gather_matches_the_general_path(size: int) -> None:
+    def body(group: LocalGroup) -> int:
+        n, me, checked = group.size, group.rank, 0
+        for dtype, length in fitting_cases():
+            plan = group.prepare_all_gather(dtype, length, digest=11)
+            assert plan is not None
+            expected = np.concatenate([make(r, dtype, length) for r in range(n)])
+            src = make(me, dtype, length)
+            dst = np.empty(n * length, dtype)
+            group.run_all_gather(plan, src, dst, _far())
+            assert same_bits(dst, expected), f"{dtype} x{length}"
+            assert np.array_equal(src, make(me, dtype, length)), "src was written"
+            # Mixed: odd ranks take the general path for the same call.
+            mixed = np.empty(n * length, dtype)
+            if me % 2:
+                group.all_gather(src, mixed, _far(), digest=11)
+            else:
+                group.run_all_gather(plan, src, mixed, _far())
+            assert same_bits(mixed, expected), f"mixed {dtype} x{length}"
+            checked += 1
+        return checked
+
+    counts = run_group(size, body)
+    assert counts[0] == len(fitting_cases()) and len(set(counts)) == 1
+
+
 def test_prepare_declines_what_takes_several_steps_or_has_no_peers() -> None:
     def body(group: LocalGroup) -> tuple[bool, bool]:
         too_large = group.prepare_all_reduce(np.dtype(np.float32), 2000, ReduceOp.SUM, digest=1)  # 8000 B > slot
         fits = group.prepare_all_reduce(np.dtype(np.float32), 1024, ReduceOp.SUM, digest=1)
         too_large_broadcast = group.prepare_broadcast(np.dtype(np.float32), 2000, 0, digest=1)
         fits_broadcast = group.prepare_broadcast(np.dtype(np.float32), 1024, 1, digest=1)
-        return too_large is None and too_large_broadcast is None, fits is not None and fits_broadcast is not None
+        too_large_gather = group.prepare_all_gather(np.dtype(np.float32), 2000, digest=1)
+        fits_gather = group.prepare_all_gather(np.dtype(np.float32), 1024, digest=1)
+        return (
+            too_large is None and too_large_broadcast is None and too_large_gather is None,
+            fits is not None and fits_broadcast is not None and fits_gather is not None,
+        )
 
     assert run_group(2, body) == [(True, True), (True, True)]
     assert run_group(1, lambda g: g.prepare_all_reduce(np.dtype(np.float32), 4, ReduceOp.SUM, digest=1)) == [None]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -27,7 +26,7 @@ from collsvc.client.backends.ring import algorithms
 from collsvc.client.backends.ring.host_barrier import pass_for_host
 from collsvc.client.backends.ring.topology import Topology, plan
 from collsvc.client.backends.shm.group import LocalGroup
-from collsvc.client.backends.shm.groups import CallWatch, LocalGroups, SharedAllReduce, SharedBroadcast
+from collsvc.client.backends.shm.groups import CallWatch, LocalGroups
 from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
 
@@ -164,44 +163,10 @@ class RingBackend:
         if op is ReduceOp.AVG:
             finish_average(buf, call.group.size)
 
-    def shared_all_reduce(
-        self, group: GroupSpec, key: str, dtype: np.dtype, shape: tuple[int, ...], op: ReduceOp, digest: int
-    ) -> SharedAllReduce | None:
-        """How :meth:`all_reduce` runs calls on arrays of ``shape`` and ``dtype`` with ``op`` on stream
-        ``key`` of ``group``, prepared once, when they take one shared-memory barrier (the whole group
-        on this host, a small array, its shared-memory group already made by an earlier call); else None.
-
-        Raises:
-            TypeError: ``op`` is not defined for ``dtype``.
-            CollsvcError: the shared-memory group failed or was closed.
-        """
-        found = self._existing_shared(group, key)
-        if found is None:
-            return None
-        shared, watch, local = found
-        prepared = shared.prepare_all_reduce(dtype, math.prod(shape), reduced_as(op), digest, shape)
-        if prepared is None:
-            return None
-        return SharedAllReduce(shared, watch, prepared, local, group.size if op is ReduceOp.AVG else 0)
-
-    def shared_broadcast(
-        self, group: GroupSpec, key: str, dtype: np.dtype, shape: tuple[int, ...], root: int, digest: int
-    ) -> SharedBroadcast | None:
-        """As :meth:`shared_all_reduce`, for :meth:`broadcast` from group rank ``root``.
-
-        Raises:
-            ValueError: a bad root. CollsvcError: the shared-memory group failed or was closed.
-        """
-        found = self._existing_shared(group, key)
-        if found is None:
-            return None
-        shared, watch, local = found
-        prepared = shared.prepare_broadcast(dtype, math.prod(shape), root, digest, shape)
-        return None if prepared is None else SharedBroadcast(shared, watch, prepared, local)
-
-    def _existing_shared(self, group: GroupSpec, key: str) -> tuple[LocalGroup, CallWatch, tuple[int, ...]] | None:
-        """The shared-memory group an earlier call of stream ``key`` made, with its watch and local ranks,
-        when the whole group is on this host (what :meth:`_shared` would use); else None."""
+    def existing_shared(self, group: GroupSpec, key: str) -> tuple[LocalGroup, CallWatch, tuple[int, ...]] | None:
+        """The shared-memory group an earlier call of stream ``key`` of ``group`` made, with its watch and
+        the global ranks of its members, when the whole group is on this host (what this backend's
+        collectives would run on): the Communicator's fast path prepares its calls there. Else None."""
         topo = self._topology(group)
         if topo is None or self._local_groups is None or not topo.single_host or group.size == 1:
             return None

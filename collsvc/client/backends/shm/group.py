@@ -19,18 +19,11 @@ barrier, before any data is combined, and stay in step for the next call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-from collsvc.client.backends.reduction import finish_average, fold, native_ufunc, reduce_parts
-from collsvc.client.backends.shm.descriptor import encode as encode_call
-from collsvc.client.backends.shm.steps import CallScope, StepEngine
+from collsvc.client.backends.reduction import finish_average, reduce_parts
+from collsvc.client.backends.shm.prepared import DIRECT_BYTES, PreparedCalls
 from collsvc.types import ReduceOp, check_op_dtype
-
-# Below this many bytes all_reduce/reduce take one barrier and every rank reduces everything itself.
-_DIRECT_BYTES = 64 * 1024
 
 
 def _flat(array: np.ndarray, what: str, *, writable: bool) -> np.ndarray:
@@ -43,7 +36,7 @@ def _flat(array: np.ndarray, what: str, *, writable: bool) -> np.ndarray:
     return array.reshape(-1)
 
 
-class LocalGroup(StepEngine):
+class LocalGroup(PreparedCalls):
     """Collectives among the ranks of one group that live on this host, through shared memory.
 
     One collective at a time per group (the Communicator serializes calls); :meth:`fail` may be called
@@ -186,108 +179,6 @@ class LocalGroup(StepEngine):
         with self._call("barrier", empty, 0, None, None, digest, deadline) as body:
             self._step(deadline, body)
 
-    # -- repeated small all_reduce -------------------------------------------------------------------
-
-    def prepare_all_reduce(
-        self, dtype: np.dtype, count: int, op: ReduceOp, digest: int, shape: tuple[int, ...] | None = None
-    ) -> SmallAllReduce | None:
-        """What :meth:`run_all_reduce` needs for all_reduce calls of ``count`` elements of ``dtype``
-        (arrays of ``shape``, default flat), worked out once; None where such a call does not take the
-        one-barrier path (too large, a group of one, a dtype numpy has no loop for) and must go through
-        :meth:`all_reduce`.
-
-        Raises:
-            TypeError: ``op`` is not defined for ``dtype``.
-            CollsvcError: the group failed or is closed.
-        """
-        check_op_dtype(op, dtype)
-        ufunc = native_ufunc(op, dtype)
-        nbytes = count * dtype.itemsize
-        if self._solo() or ufunc is None or not 0 < nbytes <= min(_DIRECT_BYTES, self._layout.slot_bytes):
-            return None
-        views = self._all_views(dtype)
-        inputs = [
-            [v.inputs[parity][:count].reshape((count,) if shape is None else shape) for v in views] for parity in (0, 1)
-        ]
-        return SmallAllReduce(
-            body=encode_call("all_reduce", dtype, count, op, None, digest),
-            descriptions=("all_reduce", dtype, count, op, None),
-            own_inputs=(inputs[0][self._rank], inputs[1][self._rank]),
-            parts=(inputs[0], inputs[1]),
-            ufunc=ufunc,
-            # Integer and boolean loops never warn; floating-point overflow to inf and inf - inf = nan are
-            # results, not warnings (as in _combine).
-            quiet=dtype.kind not in "biu",
-            average=op is ReduceOp.AVG,
-        )
-
-    def run_all_reduce(self, plan: SmallAllReduce, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
-        """:meth:`all_reduce` of ``src`` into ``dst`` (contiguous, of ``plan``'s dtype and shape; ``dst``
-        may be ``src``), as ``plan`` prepared it: the same descriptor, barrier and reduction order, so
-        peers may run either method for the same call.
-
-        Raises:
-            CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
-        """
-        self._solo()
-        parity = (self._generation + 1) % 2
-        plan.own_inputs[parity][...] = src
-        self._descriptions = plan.descriptions
-        with CallScope(self, plan.body):
-            self._step(deadline, plan.body)
-        parts = plan.parts[parity]
-        # Into our slot of the other parity first, as _reduce does (same alignment on every rank).
-        scratch = plan.own_inputs[1 - parity]
-        if plan.quiet:
-            with np.errstate(over="ignore", invalid="ignore"):
-                fold(plan.ufunc, scratch, parts)
-        else:
-            fold(plan.ufunc, scratch, parts)
-        if plan.average:
-            finish_average(scratch, self._size)
-        dst[...] = scratch
-
-    def prepare_broadcast(
-        self, dtype: np.dtype, count: int, root: int, digest: int, shape: tuple[int, ...] | None = None
-    ) -> SmallBroadcast | None:
-        """What :meth:`run_broadcast` needs for broadcasts from ``root`` of ``count`` elements of
-        ``dtype`` (arrays of ``shape``, default flat), worked out once; None where such a call takes
-        more than one step or there are no peers (then :meth:`broadcast` runs it).
-
-        Raises:
-            ValueError: a bad root. CollsvcError: the group failed or is closed.
-        """
-        self._check_root(root)
-        if self._solo() or not 0 < count <= self._chunk(dtype):
-            return None
-        views = self._all_views(dtype)
-        slots = tuple(
-            views[root].inputs[parity][:count].reshape((count,) if shape is None else shape) for parity in (0, 1)
-        )
-        return SmallBroadcast(
-            body=encode_call("broadcast", dtype, count, None, root, digest),
-            descriptions=("broadcast", dtype, count, None, root),
-            root_slots=(slots[0], slots[1]),
-            is_root=root == self._rank,
-        )
-
-    def run_broadcast(self, plan: SmallBroadcast, buf: np.ndarray, deadline: float) -> None:
-        """:meth:`broadcast` as ``plan`` prepared it: the root's ``buf`` is read, every other rank's
-        written (contiguous, of the plan's dtype and shape); peers may run either method.
-
-        Raises:
-            CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
-        """
-        self._solo()
-        parity = (self._generation + 1) % 2
-        if plan.is_root:
-            plan.root_slots[parity][...] = buf
-        self._descriptions = plan.descriptions
-        with CallScope(self, plan.body):
-            self._step(deadline, plan.body)
-        if not plan.is_root:
-            buf[...] = plan.root_slots[parity]
-
     def __enter__(self) -> LocalGroup:
         return self
 
@@ -300,7 +191,7 @@ class LocalGroup(StepEngine):
         n, me, total = self._size, self._rank, buf.size
         views = self._all_views(buf.dtype)
         gather = root is None or root == me
-        if total * buf.dtype.itemsize <= min(_DIRECT_BYTES, self._layout.slot_bytes):
+        if total * buf.dtype.itemsize <= min(DIRECT_BYTES, self._layout.slot_bytes):
             parity = self._parity()
             views[me].inputs[parity][:total] = buf  # slice assignment: numpy's copyto wrapper costs more
             self._step(deadline, body)
@@ -339,35 +230,6 @@ class LocalGroup(StepEngine):
                 parts = [buf[lo + a : lo + z] if r == me else views[r].inputs[parity][a:z] for r in range(n)]
                 _combine(op, views[me].results[1 - parity][: z - a], parts, n)
             pending = current
-
-
-@dataclass(frozen=True)
-class SmallAllReduce:
-    """One all_reduce shape of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_all_reduce`.
-
-    ``body``: the call's descriptor; ``own_inputs``: this rank's input slot of each parity, cut to the
-    call's length; ``parts``: every rank's, per parity; ``quiet``: reduce with floating-point warnings
-    off; ``average``: divide by the group size after the sum.
-    """
-
-    body: bytes
-    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
-    own_inputs: tuple[np.ndarray, np.ndarray]
-    parts: tuple[list[np.ndarray], list[np.ndarray]]
-    ufunc: Any
-    quiet: bool
-    average: bool
-
-
-@dataclass(frozen=True)
-class SmallBroadcast:
-    """One broadcast shape and root of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_broadcast`
-    (``root_slots``: the root's input slot of each parity, cut and shaped to the call)."""
-
-    body: bytes
-    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
-    root_slots: tuple[np.ndarray, np.ndarray]
-    is_root: bool
 
 
 def _combine(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray], size: int) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 
 from collsvc.client.backends.base import Call, Signature, last_finished
 from collsvc.client.backends.reduction import finish_average
-from collsvc.client.backends.shm.group import LocalGroup, SmallAllReduce, SmallBroadcast
+from collsvc.client.backends.shm.group import LocalGroup
+from collsvc.client.backends.shm.prepared import SmallAllGather, SmallAllReduce, SmallBroadcast
 
 
 class LocalGroups:
@@ -211,3 +212,23 @@ class SharedBroadcast:
             CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
         """
         self.group.run_broadcast(self.plan, buf, deadline)
+
+
+@dataclass(frozen=True)
+class SharedAllGather:
+    """A small all_gather over one host's shared memory (``watch`` and ``local`` as in
+    :class:`SharedAllReduce`)."""
+
+    group: LocalGroup
+    watch: CallWatch
+    plan: SmallAllGather
+    local: tuple[int, ...]
+
+    def run(self, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
+        """Gathers every local rank's ``src`` (flat) into ``dst`` (flat, sharing no memory with ``src``),
+        as the ring backend's ``all_gather`` would.
+
+        Raises:
+            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
+        """
+        self.group.run_all_gather(self.plan, src, dst, deadline)
