@@ -196,7 +196,8 @@ class Communicator:
         Raises:
             ValueError: ``x.shape[0]`` is not divisible by the size, or ``out`` has the wrong shape.
         """
-        return self._issue(ops.reduce_scatter(self._view, x, op, out=out), async_op=async_op)
+        plan = functools.partial(ops.reduce_scatter, self._view, x, op, out=out)
+        return self._repeatable("reduce_scatter", x, op, out, async_op, plan)
 
     def gather(self, x: Any, dst: int, *, out: Any = None, async_op: bool = False) -> Any:
         """Like all_gather, with the result on ``dst`` only (None elsewhere)."""

@@ -1,5 +1,5 @@
-"""Repeated synchronous all_reduce, broadcast and all_gather calls of numpy arrays within one host,
-without the general layers.
+"""Repeated synchronous all_reduce, broadcast, all_gather and reduce_scatter calls of numpy arrays
+within one host, without the general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
 ``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
@@ -10,12 +10,12 @@ signature, the group, the step's descriptor, the slot views. A later call with a
 array then only numbers itself, records its progress and statistics, copies into its slot, meets the
 peers at the same barrier with the same descriptor (so the mismatch check stays on), and reduces or
 copies out (a broadcast: the root copies in, the others copy out; an all_gather: every rank copies
-every block out).
+every block out; a reduce_scatter: every rank reduces its own block).
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
-Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x`` (an
-all_gather: other than a fresh C-contiguous array of the result's shape), a non-contiguous or
+Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x`` (all_gather
+and reduce_scatter: other than a C-contiguous array of the result's shape apart from ``x``), a non-contiguous or
 read-only array, calls queued on the worker thread, or a job recording its timeline.
 ``COLLSVC_FAST_PATH=0`` sends every call the general way.
 """
@@ -31,11 +31,13 @@ import numpy as np
 from collsvc.client.backends.base import Call, GroupSpec, Signature
 from collsvc.client.backends.reduction import reduced_as
 from collsvc.client.backends.ring.backend import global_mismatch
-from collsvc.client.backends.shm.groups import SharedAllGather, SharedAllReduce, SharedBroadcast
+from collsvc.client.backends.shm.groups import SharedAllGather, SharedAllReduce, SharedBroadcast, SharedReduceScatter
 from collsvc.client.job import Job
 from collsvc.config import fast_path_enabled
 from collsvc.errors import CollectiveMismatchError, CollsvcError
 from collsvc.types import ReduceOp
+
+_Shared = SharedAllReduce | SharedBroadcast | SharedAllGather | SharedReduceScatter
 
 
 class _Repeated:
@@ -44,14 +46,7 @@ class _Repeated:
 
     __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_sizes")
 
-    def __init__(
-        self,
-        job: Job,
-        spec: GroupSpec,
-        stream: str,
-        signature: Signature,
-        shared: SharedAllReduce | SharedBroadcast | SharedAllGather,
-    ) -> None:
+    def __init__(self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: _Shared) -> None:
         self._job = job
         self._spec = spec
         self._stream = stream
@@ -121,17 +116,17 @@ class RepeatedBroadcast(_Repeated):
         return result
 
 
-class RepeatedAllGather(_Repeated):
-    """All_gathers of one (dtype, shape): every rank's ``x`` concatenated along axis 0, into a new
-    array or a given ``out`` of that shape."""
+class _RepeatedIntoNewShape(_Repeated):
+    """Calls whose result has another shape than ``x`` (all_gather, reduce_scatter): into a new array or
+    a given ``out`` of that shape."""
 
     __slots__ = ("_result_shape",)
-    _shared: SharedAllGather
+    _shared: SharedAllGather | SharedReduceScatter
 
-    def __init__(self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: SharedAllGather) -> None:
-        super().__init__(job, spec, stream, signature, shared)
-        shape = signature.shape or (1,)  # a 0-d array counts as shape (1,)
-        self._result_shape = (spec.size * shape[0], *shape[1:])
+    def __init__(self, result_shape: tuple[int, ...], *args: Any) -> None:
+        """``result_shape``: every result's; ``args``: as :class:`_Repeated`'s."""
+        super().__init__(*args)
+        self._result_shape = result_shape
 
     def accepts(self, x: np.ndarray, out: Any) -> bool:
         """A new result, or an ``out`` of the result's dtype and shape, C-contiguous, writable and apart
@@ -153,11 +148,24 @@ class RepeatedAllGather(_Repeated):
         return result
 
 
+class RepeatedAllGather(_RepeatedIntoNewShape):
+    """All_gathers of one (dtype, shape): every rank's ``x`` concatenated along axis 0."""
+
+    __slots__ = ()
+
+
+class RepeatedReduceScatter(_RepeatedIntoNewShape):
+    """Reduce_scatters of one (dtype, shape, op): block ``rank`` (along axis 0) of the reduction."""
+
+    __slots__ = ()
+
+
 def _prepare(
     kind: str, job: Job, spec: GroupSpec, stream: str, signature: Signature, x: np.ndarray, arg: ReduceOp | int | None
 ) -> _Repeated | None:
     """The fast path for later calls like this one (``x``: a numpy array that just went through the
-    general path; ``arg``: the op of an all_reduce, the root of a broadcast, None for an all_gather), or
+    general path; ``arg``: the op of an all_reduce or reduce_scatter, the root of a broadcast, None for
+    an all_gather), or
     None where they cannot take it (the group is not all on this host, the array is too large for one
     step, ...).
 
@@ -185,9 +193,21 @@ def _prepare(
             sending = group.prepare_broadcast(x.dtype, x.size, arg, digest, x.shape)
             sent = None if sending is None else SharedBroadcast(group, watch, sending, local)
             return None if sent is None else RepeatedBroadcast(job, spec, stream, signature, sent)
-        gathering = group.prepare_all_gather(x.dtype, x.size, digest)
-        gathered = None if gathering is None else SharedAllGather(group, watch, gathering, local)
-        return None if gathered is None else RepeatedAllGather(job, spec, stream, signature, gathered)
+        if kind == "all_gather":
+            gathering = group.prepare_all_gather(x.dtype, x.size, digest)
+            if gathering is None:
+                return None
+            shape = x.shape or (1,)  # a 0-d array counts as shape (1,)
+            gathered = SharedAllGather(group, watch, gathering, local)
+            return RepeatedAllGather((spec.size * shape[0], *shape[1:]), job, spec, stream, signature, gathered)
+        assert isinstance(arg, ReduceOp)
+        block_shape = (x.shape[0] // spec.size, *x.shape[1:])
+        scattering = group.prepare_reduce_scatter(x.dtype, x.size // spec.size, reduced_as(arg), digest)
+        if scattering is None:
+            return None
+        average_over = spec.size if arg is ReduceOp.AVG else 0
+        scattered = SharedReduceScatter(group, watch, scattering, local, average_over)
+        return RepeatedReduceScatter(block_shape, job, spec, stream, signature, scattered)
     except CollsvcError:
         return None  # the group failed meanwhile: the general path raises it
 
@@ -220,8 +240,8 @@ class RepeatedCalls:
         self._enabled = fast_path_enabled()
 
     def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> tuple[bool, np.ndarray | None]:
-        """Runs a ``kind`` call ("all_reduce" with op ``arg``, "broadcast" from root ``arg``, "all_gather"
-        with ``arg`` None) on its fast
+        """Runs a ``kind`` call ("all_reduce" or "reduce_scatter" with op ``arg``, "broadcast" from root
+        ``arg``, "all_gather" with ``arg`` None) on its fast
         path if it has one and may take it now.
 
         Returns:

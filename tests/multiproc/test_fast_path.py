@@ -1,5 +1,5 @@
-"""The Communicator's fast path for repeated all_reduce, broadcast and all_gather calls (client/fast_path.py),
-on real rank processes.
+"""The Communicator's fast path for repeated all_reduce, broadcast, all_gather and reduce_scatter calls
+(client/fast_path.py), on real rank processes.
 
 Each call shape runs several times, so every call after the first takes the fast path; the results are
 checked against numpy, against the general path's bits, and across ranks. Calls the fast path must not
@@ -110,6 +110,43 @@ def test_repeated_all_gather_matches_every_rank(world_size: int) -> None:
     assert len(set(result.values)) == 1 and result.values[0] == len(DTYPES) * len(SHAPES)
 
 
+def repeated_reduce_scatters(comm: collsvc.Communicator) -> int:
+    n, checked = comm.size, 0
+    for dtype in DTYPES:
+        for op in ReduceOp:
+            if not allowed(op, dtype):
+                continue
+            for shape in ((n,), (n * 7, 3), (n * 100,)):
+                what = f"reduce_scatter {dtype} {op.name} {shape}"
+                rows = shape[0] // n
+                expected = reference(op, [make(r, dtype, shape) for r in range(n)])[
+                    comm.rank * rows : (comm.rank + 1) * rows
+                ]
+                results = []
+                for _ in range(3):  # the first call learns, the others take the fast path
+                    x = np.array(make(comm.rank, dtype, shape))
+                    x.flags.writeable = False  # only read
+                    got = comm.reduce_scatter(x, op)
+                    assert got.shape == expected.shape and got.dtype == np_dtype(dtype), what
+                    assert_close(got, expected, dtype, what, n)
+                    # Into an out: contiguous on rank 0 (the fast path), strided on the others (the general one).
+                    spaced = np.zeros(2 * got.size, got.dtype)[:: 2 if comm.rank else 1][: got.size]
+                    out = spaced.reshape(got.shape)
+                    assert comm.reduce_scatter(x, op, out=out) is out, what
+                    results += [got.tobytes(), out.tobytes()]
+                assert comm._repeated.has_fast_path("reduce_scatter", x, op), f"{what}: no fast path was made"
+                assert len(set(results)) == 1, f"{what}: the fast path's bits differ from the general path's"
+                checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_repeated_reduce_scatter_matches_numpy_and_the_general_path(world_size: int) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(repeated_reduce_scatters, world_size, address=address, env=HOST, timeout=240)
+    assert len(set(result.values)) == 1 and result.values[0] > 100
+
+
 def all_gather_shapes_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
     for length in (8, 9):  # both shapes learned on every rank
         comm.all_gather(np.ones(length))
@@ -195,6 +232,9 @@ def counted_calls(comm: collsvc.Communicator) -> dict[str, list[int]]:
     for _ in range(5):
         comm.all_gather(x)
     assert comm._repeated.has_fast_path("all_gather", x)
+    for _ in range(4):
+        comm.reduce_scatter(x, ReduceOp.MAX)
+    assert comm._repeated.has_fast_path("reduce_scatter", x, ReduceOp.MAX)
     return {s.op: [s.count, s.bytes, s.failed] for s in comm._job.recorder.stats.snapshot()}
 
 
@@ -204,7 +244,7 @@ def test_calls_on_the_fast_path_are_counted_in_the_statistics() -> None:
         result = run_ranks(counted_calls, 2, address=address, env=HOST, timeout=120)
     for counted in result.values:
         assert counted["all_reduce"] == [20, 20 * 4000, 0] and counted["broadcast"] == [7, 7 * 4000, 0], counted
-        assert counted["all_gather"] == [5, 5 * 4000, 0], counted
+        assert counted["all_gather"] == [5, 5 * 4000, 0] and counted["reduce_scatter"] == [4, 4 * 4000, 0], counted
 
 
 def mismatch_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:

@@ -298,12 +298,16 @@ def _repeated_calls_take_the_fast_path(rank: int, n: int) -> None:
         dist.broadcast(sent, src=n - 1)
         gathered = torch.empty(n, 16)
         dist.all_gather_into_tensor(gathered, torch.full((16,), float(rank)))
+        scattered = torch.empty(16)
+        dist.reduce_scatter_tensor(scattered, torch.arange(16 * n, dtype=torch.float32) * (rank + 1))
         assert reduced.tolist() == [n * (n + 1) / 2] * 16 and sent.tolist() == [float(n - 1)] * 16
         assert gathered.tolist() == [[float(r)] * 16 for r in range(n)]
+        assert scattered.tolist() == [(16 * rank + i) * n * (n + 1) / 2 for i in range(16)]
     x = np.empty(16, np.float32)
     assert comm._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM)
     assert comm._repeated.has_fast_path("broadcast", x, n - 1)
     assert comm._repeated.has_fast_path("all_gather", x)
+    assert comm._repeated.has_fast_path("reduce_scatter", np.empty(16 * n, np.float32), ReduceOp.SUM)
 
 
 CHECKS = (

@@ -1,5 +1,5 @@
-"""LocalGroup.run_all_reduce / run_broadcast / run_all_gather (prepared small calls) against all_reduce /
-broadcast / all_gather, bit for bit.
+"""LocalGroup's prepared small calls (run_all_reduce, run_broadcast, run_all_gather, run_reduce_scatter)
+against its general methods, bit for bit.
 
 Peers may take either method for the same call (the Communicator's fast path on one rank, the general
 path on another), so both must publish the same descriptor and combine in the same order.
@@ -109,6 +109,36 @@ def test_prepared_all_gather_matches_the_general_path(size: int) -> None:
     assert counts[0] == len(fitting_cases()) and len(set(counts)) == 1
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_prepared_reduce_scatter_matches_the_general_path_bit_for_bit(size: int) -> None:
+    def body(group: LocalGroup) -> int:
+        n, me, checked = group.size, group.rank, 0
+        for dtype in DTYPES:
+            for length in (1, 7, 4096 // dtype.itemsize // n):  # the last: the largest one step takes
+                for op in allowed_ops(dtype):
+                    if op is ReduceOp.AVG:
+                        continue  # the caller reduces AVG as SUM and divides (as the ring backend does)
+                    plan = group.prepare_reduce_scatter(dtype, length, op, digest=13)
+                    assert plan is not None, f"{dtype} x{length}"
+                    inputs = [make(r, dtype, n * length) for r in range(n)]
+                    expected = reference(op, inputs)[me * length : (me + 1) * length]
+                    dst = np.empty(length, dtype)
+                    group.run_reduce_scatter(plan, inputs[me], dst, _far())
+                    assert same_bits(dst, expected, op), f"{dtype} x{length} {op.name}"
+                    assert np.array_equal(inputs[me], make(me, dtype, n * length)), "src was written"
+                    mixed = np.empty(length, dtype)  # odd ranks take the general path for the same call
+                    if me % 2:
+                        group.reduce_scatter(inputs[me], mixed, op, _far(), digest=13)
+                    else:
+                        group.run_reduce_scatter(plan, inputs[me], mixed, _far())
+                    assert same_bits(mixed, expected, op), f"mixed {dtype} x{length} {op.name}"
+                    checked += 1
+        return checked
+
+    counts = run_group(size, body)
+    assert counts[0] > 80 and len(set(counts)) == 1
+
+
 def test_prepare_declines_what_takes_several_steps_or_has_no_peers() -> None:
     def body(group: LocalGroup) -> tuple[bool, bool]:
         too_large = group.prepare_all_reduce(np.dtype(np.float32), 2000, ReduceOp.SUM, digest=1)  # 8000 B > slot
@@ -117,10 +147,11 @@ def test_prepare_declines_what_takes_several_steps_or_has_no_peers() -> None:
         fits_broadcast = group.prepare_broadcast(np.dtype(np.float32), 1024, 1, digest=1)
         too_large_gather = group.prepare_all_gather(np.dtype(np.float32), 2000, digest=1)
         fits_gather = group.prepare_all_gather(np.dtype(np.float32), 1024, digest=1)
-        return (
-            too_large is None and too_large_broadcast is None and too_large_gather is None,
-            fits is not None and fits_broadcast is not None and fits_gather is not None,
-        )
+        too_large_scatter = group.prepare_reduce_scatter(np.dtype(np.float32), 513, ReduceOp.SUM, digest=1)
+        fits_scatter = group.prepare_reduce_scatter(np.dtype(np.float32), 512, ReduceOp.SUM, digest=1)
+        declined = (too_large, too_large_broadcast, too_large_gather, too_large_scatter)
+        prepared = (fits, fits_broadcast, fits_gather, fits_scatter)
+        return all(p is None for p in declined), all(p is not None for p in prepared)
 
     assert run_group(2, body) == [(True, True), (True, True)]
     assert run_group(1, lambda g: g.prepare_all_reduce(np.dtype(np.float32), 4, ReduceOp.SUM, digest=1)) == [None]

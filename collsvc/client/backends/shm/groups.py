@@ -13,7 +13,7 @@ import numpy as np
 from collsvc.client.backends.base import Call, Signature, last_finished
 from collsvc.client.backends.reduction import finish_average
 from collsvc.client.backends.shm.group import LocalGroup
-from collsvc.client.backends.shm.prepared import SmallAllGather, SmallAllReduce, SmallBroadcast
+from collsvc.client.backends.shm.prepared import SmallAllGather, SmallAllReduce, SmallBroadcast, SmallReduceScatter
 
 
 class LocalGroups:
@@ -232,3 +232,26 @@ class SharedAllGather:
             CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
         """
         self.group.run_all_gather(self.plan, src, dst, deadline)
+
+
+@dataclass(frozen=True)
+class SharedReduceScatter:
+    """A small reduce_scatter over one host's shared memory (``watch``, ``local`` and ``average_over`` as
+    in :class:`SharedAllReduce`)."""
+
+    group: LocalGroup
+    watch: CallWatch
+    plan: SmallReduceScatter
+    local: tuple[int, ...]
+    average_over: int
+
+    def run(self, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
+        """Reduces every local rank's ``src`` (flat) and writes this rank's block into ``dst`` (flat,
+        sharing no memory with ``src``), as the ring backend's ``reduce_scatter`` would.
+
+        Raises:
+            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
+        """
+        self.group.run_reduce_scatter(self.plan, src, dst, deadline)
+        if self.average_over:
+            finish_average(dst, self.average_over)

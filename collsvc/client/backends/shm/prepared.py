@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.reduction import finish_average, fold, native_ufunc
+from collsvc.client.backends.reduction import finish_average, fold, native_ufunc, reduce_parts
 from collsvc.client.backends.shm.descriptor import encode as encode_call
 from collsvc.client.backends.shm.steps import CallScope, StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
@@ -60,6 +60,21 @@ class SmallAllGather:
     descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
     own_slots: tuple[np.ndarray, np.ndarray]
     peer_slots: tuple[list[tuple[int, np.ndarray]], ...]
+    rank: int
+
+
+@dataclass(frozen=True)
+class SmallReduceScatter:
+    """One reduce_scatter length and op of a :class:`LocalGroup`, prepared for
+    :meth:`LocalGroup.run_reduce_scatter`: ``own_slots``, per parity, (rank, the part of this rank's
+    input slot that carries that rank's block) for every other rank; ``peer_blocks``, per parity and
+    rank, the part of that rank's slot that carries this rank's block (None for this rank itself)."""
+
+    body: bytes
+    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
+    op: ReduceOp
+    own_slots: tuple[list[tuple[int, np.ndarray]], ...]
+    peer_blocks: tuple[list[np.ndarray | None], ...]
     rank: int
 
 
@@ -210,3 +225,56 @@ class PreparedCalls(StepEngine):
         for rank, slot in plan.peer_slots[parity]:
             dst[rank * count : (rank + 1) * count] = slot
         dst[plan.rank * count : (plan.rank + 1) * count] = src
+
+    # -- repeated small reduce_scatter ---------------------------------------------------------------
+
+    def prepare_reduce_scatter(
+        self, dtype: np.dtype, count: int, op: ReduceOp, digest: int
+    ) -> SmallReduceScatter | None:
+        """What :meth:`run_reduce_scatter` needs for reduce_scatter calls with ``op`` (SUM for AVG: the
+        caller divides) whose blocks have ``count`` elements of ``dtype``, worked out once; None where
+        such a call takes more than one step, is not small, or there are no peers.
+
+        Raises:
+            TypeError: ``op`` is not defined for ``dtype``. CollsvcError: the group failed or is closed.
+        """
+        check_op_dtype(op, dtype)
+        n, me = self._size, self._rank
+        block = self._chunk(dtype) // max(n, 1)
+        if self._solo() or not 0 < count <= block or n * count * dtype.itemsize > DIRECT_BYTES:
+            return None
+        views = self._all_views(dtype)
+        return SmallReduceScatter(
+            body=encode_call("reduce_scatter", dtype, count, op, None, digest),
+            descriptions=("reduce_scatter", dtype, count, op, None),
+            op=op,
+            own_slots=tuple(
+                [(r, views[me].inputs[parity][r * block : r * block + count]) for r in range(n) if r != me]
+                for parity in (0, 1)
+            ),
+            peer_blocks=tuple(
+                [None if r == me else views[r].inputs[parity][me * block : me * block + count] for r in range(n)]
+                for parity in (0, 1)
+            ),
+            rank=me,
+        )
+
+    def run_reduce_scatter(self, plan: SmallReduceScatter, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
+        """``reduce_scatter`` of ``src`` (flat, ``local_size`` blocks of the plan's count) into ``dst`` (flat,
+        one block, sharing no memory with ``src``), as ``plan`` prepared it: the same descriptor, step and
+        reduction order, so peers may run either method for the same call.
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
+        """
+        self._solo()
+        parity = (self._generation + 1) % 2
+        count = dst.size
+        for rank, slot in plan.own_slots[parity]:
+            slot[...] = src[rank * count : (rank + 1) * count]
+        self._descriptions = plan.descriptions
+        with CallScope(self, plan.body):
+            self._step(deadline, plan.body)
+        me = plan.rank
+        parts = [src[me * count : (me + 1) * count] if block is None else block for block in plan.peer_blocks[parity]]
+        reduce_parts(plan.op, dst, parts)
