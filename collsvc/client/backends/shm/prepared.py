@@ -14,7 +14,7 @@ import numpy as np
 
 from collsvc.client.backends.reduction import finish_average, fold, native_ufunc, reduce_parts
 from collsvc.client.backends.shm.descriptor import encode as encode_call
-from collsvc.client.backends.shm.steps import CallScope, StepEngine
+from collsvc.client.backends.shm.steps import CallDescription, CallScope, StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
 
 # Below this many bytes all_reduce/reduce take one barrier and every rank reduces everything itself.
@@ -31,7 +31,7 @@ class SmallAllReduce:
     """
 
     body: bytes
-    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
+    descriptions: CallDescription
     own_inputs: tuple[np.ndarray, np.ndarray]
     parts: tuple[list[np.ndarray], list[np.ndarray]]
     ufunc: Any
@@ -45,7 +45,7 @@ class SmallBroadcast:
     (``root_slots``: the root's input slot of each parity, cut and shaped to the call)."""
 
     body: bytes
-    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
+    descriptions: CallDescription
     root_slots: tuple[np.ndarray, np.ndarray]
     is_root: bool
 
@@ -57,7 +57,7 @@ class SmallAllGather:
     rank per parity, all cut to the call's length; ``rank``: this rank's local rank)."""
 
     body: bytes
-    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
+    descriptions: CallDescription
     own_slots: tuple[np.ndarray, np.ndarray]
     peer_slots: tuple[list[tuple[int, np.ndarray]], ...]
     rank: int
@@ -71,7 +71,7 @@ class SmallReduceScatter:
     rank, the part of that rank's slot that carries this rank's block (None for this rank itself)."""
 
     body: bytes
-    descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None]
+    descriptions: CallDescription
     op: ReduceOp
     own_slots: tuple[list[tuple[int, np.ndarray]], ...]
     peer_blocks: tuple[list[np.ndarray | None], ...]
@@ -80,6 +80,18 @@ class SmallReduceScatter:
 
 class PreparedCalls(StepEngine):
     """The prepared calls of a local group (see the module docstring)."""
+
+    def _begin(self) -> int:
+        """Starts a prepared call: raises if the group failed or closed; returns its step's parity."""
+        self._solo()
+        return self._parity()
+
+    def _one_step(self, body: bytes, descriptions: CallDescription, deadline: float) -> None:
+        """The prepared call's one step, as the general methods' ``_call`` scope and first ``_step`` take
+        it: the descriptor ``body`` published and checked, ``descriptions`` naming this rank's call."""
+        self._descriptions = descriptions
+        with CallScope(self, body):
+            self._step(deadline, body)
 
     # -- repeated small all_reduce -------------------------------------------------------------------
 
@@ -124,12 +136,9 @@ class PreparedCalls(StepEngine):
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
         """
-        self._solo()
-        parity = (self._generation + 1) % 2
+        parity = self._begin()
         plan.own_inputs[parity][...] = src
-        self._descriptions = plan.descriptions
-        with CallScope(self, plan.body):
-            self._step(deadline, plan.body)
+        self._one_step(plan.body, plan.descriptions, deadline)
         parts = plan.parts[parity]
         # Into our slot of the other parity first, as _reduce does (same alignment on every rank).
         scratch = plan.own_inputs[1 - parity]
@@ -173,13 +182,10 @@ class PreparedCalls(StepEngine):
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
         """
-        self._solo()
-        parity = (self._generation + 1) % 2
+        parity = self._begin()
         if plan.is_root:
             plan.root_slots[parity][...] = buf
-        self._descriptions = plan.descriptions
-        with CallScope(self, plan.body):
-            self._step(deadline, plan.body)
+        self._one_step(plan.body, plan.descriptions, deadline)
         if not plan.is_root:
             buf[...] = plan.root_slots[parity]
 
@@ -215,12 +221,9 @@ class PreparedCalls(StepEngine):
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
         """
-        self._solo()
-        parity = (self._generation + 1) % 2
+        parity = self._begin()
         plan.own_slots[parity][...] = src
-        self._descriptions = plan.descriptions
-        with CallScope(self, plan.body):
-            self._step(deadline, plan.body)
+        self._one_step(plan.body, plan.descriptions, deadline)
         count = src.size
         for rank, slot in plan.peer_slots[parity]:
             dst[rank * count : (rank + 1) * count] = slot
@@ -267,14 +270,11 @@ class PreparedCalls(StepEngine):
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
         """
-        self._solo()
-        parity = (self._generation + 1) % 2
+        parity = self._begin()
         count = dst.size
         for rank, slot in plan.own_slots[parity]:
             slot[...] = src[rank * count : (rank + 1) * count]
-        self._descriptions = plan.descriptions
-        with CallScope(self, plan.body):
-            self._step(deadline, plan.body)
+        self._one_step(plan.body, plan.descriptions, deadline)
         me = plan.rank
         parts = [src[me * count : (me + 1) * count] if block is None else block for block in plan.peer_blocks[parity]]
         reduce_parts(plan.op, dst, parts)

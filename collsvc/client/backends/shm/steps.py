@@ -43,6 +43,10 @@ _LABEL_BYTES = 1024
 _LABEL_LENGTH = struct.Struct("<I")
 
 
+# A call as a mismatch error describes this rank's side: (collective, dtype, element count, op, root).
+CallDescription = tuple[str, np.dtype, int, ReduceOp | None, int | None]
+
+
 class StepEngine:
     """Segments, barriers and failure state of one shared-memory group (the base of ``LocalGroup``).
 
@@ -97,7 +101,7 @@ class StepEngine:
         self._board: ArrivalBoard | None = None
         self._memory_barriers = _memory_barriers(shm_barriers() if barriers is None else barriers)
         self.spin_seconds = spin_seconds(local_size, memory_barriers=self._memory_barriers) if spin is None else spin
-        self._descriptions: tuple[str, np.dtype, int, ReduceOp | None, int | None] | None = None
+        self._descriptions: CallDescription | None = None
         if local_size == 1:
             return
         if not sys.platform.startswith("linux") or not hasattr(os, "memfd_create"):
