@@ -165,9 +165,8 @@ def _prepare(
 ) -> _Repeated | None:
     """The fast path for later calls like this one (``x``: a numpy array that just went through the
     general path; ``arg``: the op of an all_reduce or reduce_scatter, the root of a broadcast, None for
-    an all_gather), or
-    None where they cannot take it (the group is not all on this host, the array is too large for one
-    step, ...).
+    an all_gather), or None where they cannot take it (the group is not all on this host, the array is
+    too large for one step, ...).
 
     Raises:
         TypeError / ValueError: a bad op or root (the general path raised them first).

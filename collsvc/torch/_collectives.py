@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from collsvc.torch import _sparse
-from collsvc.torch._host_arrays import host_array
+from collsvc.torch._host_arrays import flat_host_arrays, host_array
 from collsvc.torch._work import Finished, Finisher, future_of
 from collsvc.types import ReduceOp
 
@@ -227,10 +227,9 @@ def reduce_scatter(comm: Issuer, output: torch.Tensor, input: torch.Tensor, op: 
             f"reduce_scatter_tensor: input has {input.numel()} elements, expected output's "
             f"{output.numel()} x group size {comm.size}"
         )
-    host_input, host_output = host_array(input), host_array(output)
-    if factor is None and host_input is not None and host_output is not None:
-        # CPU tensors as their numpy views: repeated calls take the Communicator's fast path.
-        return [comm.reduce_scatter(host_input.reshape(-1), red, out=host_output.reshape(-1))], [output], None
+    hosts = flat_host_arrays(input, output) if factor is None else None
+    if hosts is not None:  # CPU tensors as numpy views: repeated calls take the Communicator's fast path
+        return [comm.reduce_scatter(hosts[0], red, out=hosts[1])], [output], None
     source = _flat(input)
     if factor is not None:
         source = source * factor
@@ -285,10 +284,9 @@ def all_gather(comm: Issuer, output: torch.Tensor, input: torch.Tensor) -> Parts
             f"all_gather_into_tensor: output has {output.numel()} elements, expected input's "
             f"{input.numel()} x group size {comm.size}"
         )
-    host_input, host_output = host_array(input), host_array(output)
-    if host_input is not None and host_output is not None:
-        # CPU tensors as their numpy views: repeated calls take the Communicator's fast path.
-        return [comm.all_gather(host_input.reshape(-1), out=host_output.reshape(-1))], [output], None
+    hosts = flat_host_arrays(input, output)
+    if hosts is not None:  # CPU tensors as numpy views: repeated calls take the Communicator's fast path
+        return [comm.all_gather(hosts[0], out=hosts[1])], [output], None
     target = _flat_out(output)
     call = comm.all_gather(_flat(input), out=target)
     if target is not None:
