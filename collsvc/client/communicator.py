@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from collsvc.arrays import adapt
 from collsvc.client import any_source, bucketing, objects, ops
-from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
+from collsvc.client.backends.base import Backend, Call, GroupSpec
 from collsvc.client.devices import caller_gpu_context
-from collsvc.client.fast_path import RepeatedCalls
+from collsvc.client.fast_path import BARRIER, RepeatedCalls
 from collsvc.client.job import Job
 from collsvc.client.job_handle import JobHandle
 from collsvc.client.work import Work
@@ -159,8 +159,7 @@ class Communicator:
             ValueError: ``out`` has the wrong shape.
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: see API.md.
         """
-        plan = functools.partial(ops.all_reduce, self._view, x, op, out=out)
-        return self._repeatable("all_reduce", x, op, out, async_op, plan)
+        return self._repeatable("all_reduce", x, op, out, async_op, lambda: ops.all_reduce(self._view, x, op, out=out))
 
     def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
@@ -196,7 +195,7 @@ class Communicator:
         Raises:
             ValueError: ``x.shape[0]`` is not divisible by the size, or ``out`` has the wrong shape.
         """
-        plan = functools.partial(ops.reduce_scatter, self._view, x, op, out=out)
+        plan = lambda: ops.reduce_scatter(self._view, x, op, out=out)  # noqa: E731 - built per call, cheaply
         return self._repeatable("reduce_scatter", x, op, out, async_op, plan)
 
     def gather(self, x: Any, dst: int, *, out: Any = None, async_op: bool = False) -> Any:
@@ -274,6 +273,8 @@ class Communicator:
         with self._lock:
             self._barriers += 1
             generation = self._barriers
+        if self._repeated.barrier(wait):
+            return
 
         def body(call: Call, backend: Backend) -> None:
             # In the data plane where the group allows (shared memory on one host: microseconds, and
@@ -287,7 +288,8 @@ class Communicator:
             if not backend.barrier(call, across_hosts):
                 self._job.client.barrier(self.name, self._job.rank, generation, wait)
 
-        self._issue(ops.Planned(Signature.of("barrier", "", ()), body, on_gpu=False), timeout=wait)
+        self._issue(ops.Planned(BARRIER, body, on_gpu=False), timeout=wait)
+        self._repeated.learn_barrier()
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``src``'s picklable object on every rank (unpickled only from authenticated peers).

@@ -31,20 +31,32 @@ import numpy as np
 from collsvc.client.backends.base import Call, GroupSpec, Signature
 from collsvc.client.backends.reduction import reduced_as
 from collsvc.client.backends.ring.backend import global_mismatch
-from collsvc.client.backends.shm.groups import SharedAllGather, SharedAllReduce, SharedBroadcast, SharedReduceScatter
+from collsvc.client.backends.shm.groups import (
+    SharedAllGather,
+    SharedAllReduce,
+    SharedBarrier,
+    SharedBroadcast,
+    SharedReduceScatter,
+)
 from collsvc.client.job import Job
 from collsvc.config import fast_path_enabled
 from collsvc.errors import CollectiveMismatchError, CollsvcError
 from collsvc.types import ReduceOp
 
-_Shared = SharedAllReduce | SharedBroadcast | SharedAllGather | SharedReduceScatter
+_Shared = SharedAllReduce | SharedBroadcast | SharedAllGather | SharedReduceScatter | SharedBarrier
+
+# Every barrier's signature: a barrier carries no data.
+BARRIER = Signature.of("barrier", "", ())
+# What a Communicator keeps a fast path by: (collective, dtype, shape, op or root); a barrier's: no data.
+_Key = tuple[str, np.dtype | None, tuple[int, ...] | None, ReduceOp | int | None]
+_BARRIER_KEY: _Key = ("barrier", None, None, None)
 
 
 class _Repeated:
     """Calls of one collective, shape and argument (op or root) of one Communicator, on its shared-memory
     group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
 
-    __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_sizes")
+    __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_progress", "_counter", "_limit")
 
     def __init__(self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: _Shared) -> None:
         self._job = job
@@ -52,27 +64,29 @@ class _Repeated:
         self._stream = stream
         self._signature = signature
         self._shared = shared
-        self._sizes = job.recorder.sizes(signature, spec.size)
+        self._progress = job.progress.stream(stream)
+        self._counter = job.recorder.counter(signature, spec)
+        self._limit = job.options.timeout
 
     def accepts(self, x: np.ndarray, out: Any) -> bool:
         """Whether a call of C-contiguous ``x`` with ``out`` may take this path: a new result, or ``x``
         itself written in place."""
         return out is None or (out is x and x.flags.writeable)
 
-    def run(self, seq: int, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    def run(self, seq: int, x: np.ndarray | None, out: np.ndarray | None, limit: float | None = None) -> Any:
         """Call ``seq`` of the stream with ``x`` and ``out``, which :meth:`accepts`: the result, written
-        into ``out`` when given, else a new array.
+        into ``out`` when given, else a new array (a barrier: None). ``limit``: seconds it may take
+        (default: the job's timeout).
 
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: as the
                 general path raises them, recorded and reported the same way.
         """
-        job = self._job
         signature = self._signature
-        limit = job.options.timeout
+        limit = self._limit if limit is None else limit
         deadline = time.monotonic() + limit
-        record = job.progress.start(self._stream, seq, signature.text)
-        started = time.time_ns()
+        started = time.time()
+        record = self._progress.start(seq, signature.text, started)
         shared = self._shared
         shared.watch.follow_numbers(self._stream, seq, signature)
         try:
@@ -80,13 +94,26 @@ class _Repeated:
         except CollsvcError as exc:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
             error = global_mismatch(call, shared.local, exc) if isinstance(exc, CollectiveMismatchError) else exc
-            raise job.call_failed(call, record, (call, started, 0), error) from error
-        job.progress.finish(record)
-        job.recorder.count(signature, self._spec, started, time.time_ns(), True, self._sizes)
+            span = (call, int(started * 1e9), 0)
+            raise self._job.call_failed(call, record, span, error) from error
+        ended = time.time()
+        self._progress.finish(record, ended)
+        if self._counter is not None:
+            self._counter.add(ended - started)
         return result
 
-    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+    def _move(self, x: Any, out: np.ndarray | None, deadline: float) -> Any:
         raise NotImplementedError
+
+
+class RepeatedBarrier(_Repeated):
+    """Barriers of one Communicator."""
+
+    __slots__ = ()
+    _shared: SharedBarrier
+
+    def _move(self, x: Any, out: Any, deadline: float) -> None:
+        self._shared.run(deadline)
 
 
 class RepeatedAllReduce(_Repeated):
@@ -161,12 +188,18 @@ class RepeatedReduceScatter(_RepeatedIntoNewShape):
 
 
 def _prepare(
-    kind: str, job: Job, spec: GroupSpec, stream: str, signature: Signature, x: np.ndarray, arg: ReduceOp | int | None
+    kind: str,
+    job: Job,
+    spec: GroupSpec,
+    stream: str,
+    signature: Signature,
+    x: np.ndarray | None,
+    arg: ReduceOp | int | None,
 ) -> _Repeated | None:
     """The fast path for later calls like this one (``x``: a numpy array that just went through the
-    general path; ``arg``: the op of an all_reduce or reduce_scatter, the root of a broadcast, None for
-    an all_gather), or None where they cannot take it (the group is not all on this host, the array is
-    too large for one step, ...).
+    general path, None for a barrier; ``arg``: the op of an all_reduce or reduce_scatter, the root of a
+    broadcast, None for an all_gather or a barrier), or None where they cannot take it (the group is
+    not all on this host, the array is too large for one step, ...).
 
     Raises:
         TypeError / ValueError: a bad op or root (the general path raised them first).
@@ -179,6 +212,11 @@ def _prepare(
             return None
         group, watch, local = found
         digest = signature.digest
+        if kind == "barrier":
+            waiting = group.prepare_barrier(digest)
+            passing = None if waiting is None else SharedBarrier(group, watch, waiting, local)
+            return None if passing is None else RepeatedBarrier(job, spec, stream, signature, passing)
+        assert x is not None  # every other kind has an array
         if kind == "all_reduce":
             assert isinstance(arg, ReduceOp)
             reducing = group.prepare_all_reduce(x.dtype, x.size, reduced_as(arg), digest, x.shape)
@@ -235,7 +273,7 @@ class RepeatedCalls:
     ) -> None:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._next_seq = check_usable, next_seq
-        self._known: dict[tuple[str, np.dtype, tuple[int, ...], ReduceOp | int | None], _Repeated | None] = {}
+        self._known: dict[_Key, _Repeated | None] = {}
         self._enabled = fast_path_enabled()
 
     def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> tuple[bool, np.ndarray | None]:
@@ -249,9 +287,13 @@ class RepeatedCalls:
         Raises:
             As :meth:`_Repeated.run`, or the job's failure.
         """
-        if not _may_repeat(x, arg, out, async_op):
+        if async_op or type(x) is not np.ndarray:
             return False, None
-        repeated = self._known.get((kind, x.dtype, x.shape, arg))
+        try:
+            # Only calls that _may_repeat are learned, so an argument of another type finds nothing.
+            repeated = self._known.get((kind, x.dtype, x.shape, arg))
+        except TypeError:  # an unhashable op or root: the general path says what is wrong with it
+            return False, None
         if (
             repeated is None
             or not x.flags.c_contiguous
@@ -262,9 +304,30 @@ class RepeatedCalls:
         self._check_usable()
         return True, repeated.run(self._next_seq(self._stream), x, out)
 
-    def has_fast_path(self, kind: str, x: np.ndarray, arg: ReduceOp | int | None = None) -> bool:
-        """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics)."""
-        return self._known.get((kind, x.dtype, x.shape, arg)) is not None
+    def barrier(self, limit: float) -> bool:
+        """Passes a barrier of at most ``limit`` seconds on its fast path if it has one and may take it
+        now; False when the general path must run it.
+
+        Raises:
+            As :meth:`_Repeated.run`, or the job's failure.
+        """
+        repeated = self._known.get(_BARRIER_KEY)
+        if repeated is None or not self._job.executor.idle:
+            return False
+        self._check_usable()
+        repeated.run(self._next_seq(self._stream), None, None, limit)
+        return True
+
+    def learn_barrier(self) -> None:
+        """Prepares the barrier's fast path (once), after a barrier took the general path."""
+        if _BARRIER_KEY not in self._known and self._enabled:
+            self._known[_BARRIER_KEY] = _prepare("barrier", self._job, self._spec, self._stream, BARRIER, None, None)
+
+    def has_fast_path(self, kind: str, x: np.ndarray | None = None, arg: ReduceOp | int | None = None) -> bool:
+        """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics;
+        a barrier: ``kind`` alone)."""
+        key = _BARRIER_KEY if x is None else (kind, x.dtype, x.shape, arg)
+        return self._known.get(key) is not None
 
     def learn(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, signature: Signature) -> None:
         """Prepares the fast path of ``kind`` calls like this one (which just took the general path with

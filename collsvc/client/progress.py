@@ -32,6 +32,37 @@ class OpRecord:
     outcome: str = "running"
 
 
+class StreamProgress:
+    """Records the calls of one group (stream) that one thread runs in order, for a caller that records
+    many of them (the Communicator's fast path): no lookup and no lock per call.
+
+    Each store is one bytecode (a list item, an attribute, a deque append), atomic under the
+    interpreter lock, so the tracker's readers see either the old or the new value. Calls of one
+    stream are numbered and run in order by one thread at a time, so no two writers race.
+    """
+
+    __slots__ = ("_group", "_entry", "_recent")
+
+    def __init__(self, group: str, entry: list[Any], recent: collections.deque[OpRecord]) -> None:
+        self._group, self._entry, self._recent = group, entry, recent
+
+    def start(self, seq: int, op: str, now: float) -> OpRecord:
+        """Call ``seq`` (after every earlier one of the stream), doing ``op``, started at ``now``
+        (``time.time()``)."""
+        record = OpRecord(self._group, seq, op, now)
+        self._entry[0] = seq
+        self._recent.append(record)
+        return record
+
+    def finish(self, record: OpRecord, now: float) -> None:
+        """``record``'s call ended well at ``now`` (``time.time()``)."""
+        record.seconds = now - record.started
+        record.outcome = "ok"
+        entry = self._entry
+        entry[1] = record.seq
+        entry[2] = record.op
+
+
 class ProgressTracker:
     """Per-group sequence progress plus the last ``capacity`` collectives of this rank."""
 
@@ -50,6 +81,14 @@ class ProgressTracker:
                 entry[0] = seq
             self._recent.append(record)
         return record
+
+    def stream(self, group: str) -> StreamProgress:
+        """A recorder of ``group``'s calls for one thread running them in order (see :class:`StreamProgress`)."""
+        with self._lock:
+            entry = self._groups.get(group)
+            if entry is None:
+                entry = self._groups[group] = [0, 0, ""]
+        return StreamProgress(group, entry, self._recent)
 
     def finish(self, record: OpRecord, outcome: str = "ok") -> None:
         seconds = time.time() - record.started
@@ -73,7 +112,8 @@ class ProgressTracker:
 
     def recent(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [asdict(r) for r in self._recent]
+            records = list(self._recent)  # one C-level copy: a StreamProgress may append meanwhile
+        return [asdict(r) for r in records]
 
     def dump(self, job_id: str, rank: int, error: BaseException) -> str:
         """Writes the flight recorder to the log and to a JSON file; returns the file's path.

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from collsvc.observability.stats import CollectiveStats, bus_bytes, call_bytes
+from collsvc.observability.stats import CollectiveStats, RepeatedCallCounter, bus_bytes, call_bytes
 from collsvc.observability.timeline import MAX_CALLS, CallEntry, part_path, write_part
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,12 @@ class CallRecorder:
         nbytes, bus = sizes if sizes is not None else self.sizes(signature, group.size)
         self.stats.record(signature.op, group.name, nbytes, (end - start) / 1e9, bus, ok)
         return nbytes
+
+    def counter(self, signature: Any, group: Any) -> RepeatedCallCounter | None:
+        """A counter for many calls of ``signature`` in ``group`` (a ``GroupSpec``) by one thread, which
+        :meth:`count` would count alike (None when the statistics keep no more (op, group) pairs)."""
+        nbytes, bus = self.sizes(signature, group.size)
+        return self.stats.counter(signature.op, group.name, nbytes, bus)
 
     def sizes(self, signature: Any, group_size: int) -> tuple[int, float]:
         """The (input bytes, bus bytes) the statistics count for a call of ``signature`` in a group of

@@ -41,6 +41,25 @@ _spent = threading.local()
 # (ufunc name, dtype) -> whether numpy (or ml_dtypes) has a same-type loop for it; probed once.
 _NATIVE: dict[tuple[str, np.dtype], bool] = {}
 
+# numpy's error state is a context variable (numpy >= 2.0). ``np.errstate`` builds a new state on every
+# entry, ~2 us: most of a 4 KiB reduction. Where the variable is reachable, a reduction switches it to
+# a state made once per caller state instead (the same state np.errstate would make).
+
+
+def _numpy_error_state() -> tuple[Any, Any]:
+    """numpy's error-state context variable and its state maker, or (None, None) (numpy 1.x)."""
+    try:
+        from numpy._core import umath
+    except ImportError:
+        return None, None
+    variable, maker = getattr(umath, "_extobj_contextvar", None), getattr(umath, "_make_extobj", None)
+    return (variable, maker) if variable is not None and maker is not None else (None, None)
+
+
+_ERROR_STATE, _make_error_state = _numpy_error_state()
+# (the caller's error state, the same with overflow and invalid ignored): made from the last one seen.
+_quieted: tuple[Any, Any] = (None, None)
+
 
 def reduced_as(op: ReduceOp) -> ReduceOp:
     """The op the data is combined with: AVG is reduced as SUM (then :func:`finish_average` divides once)."""
@@ -141,9 +160,7 @@ def reduce_parts(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray]) -> None
         return
     started = time.perf_counter_ns()
     try:
-        # As in _combine: overflow to inf and inf - inf = nan are results, not warnings.
-        with np.errstate(over="ignore", invalid="ignore"):
-            fold(ufunc, out, parts)
+        quiet_fold(ufunc, out, parts)
     finally:
         _spent.ns = getattr(_spent, "ns", 0) + time.perf_counter_ns() - started
 
@@ -156,6 +173,30 @@ def fold(ufunc: Any, out: np.ndarray, parts: Sequence[np.ndarray]) -> None:
         ufunc(out, part, out=out)
 
 
+def quiet_fold(ufunc: Any, out: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+    """:func:`fold` with numpy's overflow and invalid warnings off, its other error settings as the
+    caller has them: overflow to inf and inf - inf = nan are results, not errors, as in every other
+    collective library (numpy's RuntimeWarnings would only be noise in the user's log).
+
+    Raises:
+        ValueError / TypeError: as the ufunc raises them (lengths, dtypes).
+    """
+    global _quieted
+    if _ERROR_STATE is None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            fold(ufunc, out, parts)
+        return
+    current = _ERROR_STATE.get()
+    quieted = _quieted
+    if quieted[0] is not current:
+        quieted = _quieted = (current, _make_error_state(over="ignore", invalid="ignore"))
+    token = _ERROR_STATE.set(quieted[1])
+    try:
+        fold(ufunc, out, parts)
+    finally:
+        _ERROR_STATE.reset(token)
+
+
 def reducing_ns() -> int:
     """Nanoseconds this thread has spent in reduction kernels so far (the timeline's "reducing" phase)."""
     return int(getattr(_spent, "ns", 0))
@@ -163,10 +204,7 @@ def reducing_ns() -> int:
 
 def _combine(ufunc: Any, op: ReduceOp, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     if _has_native_loop(ufunc, out.dtype):
-        # Overflow to inf and inf - inf = nan are results, not errors, as in every other collective
-        # library; numpy's RuntimeWarnings would only be noise in the user's log.
-        with np.errstate(over="ignore", invalid="ignore"):
-            ufunc(a, b, out=out)
+        quiet_fold(ufunc, out, (a, b))
         return
     check_reducible(op, out.dtype)
     # A bfloat16 without a native loop (an old ml_dtypes): compute in float32 and round once. float32

@@ -13,7 +13,13 @@ import numpy as np
 from collsvc.client.backends.base import Call, Signature, last_finished
 from collsvc.client.backends.reduction import finish_average
 from collsvc.client.backends.shm.group import LocalGroup
-from collsvc.client.backends.shm.prepared import SmallAllGather, SmallAllReduce, SmallBroadcast, SmallReduceScatter
+from collsvc.client.backends.shm.prepared import (
+    SmallAllGather,
+    SmallAllReduce,
+    SmallBarrier,
+    SmallBroadcast,
+    SmallReduceScatter,
+)
 
 
 class LocalGroups:
@@ -255,3 +261,21 @@ class SharedReduceScatter:
         self.group.run_reduce_scatter(self.plan, src, dst, deadline)
         if self.average_over:
             finish_average(dst, self.average_over)
+
+
+@dataclass(frozen=True)
+class SharedBarrier:
+    """A barrier over one host's shared memory (``watch`` and ``local`` as in :class:`SharedAllReduce`)."""
+
+    group: LocalGroup
+    watch: CallWatch
+    plan: SmallBarrier
+    local: tuple[int, ...]
+
+    def run(self, deadline: float) -> None:
+        """Returns once every local rank passed the same barrier, as the ring backend's ``barrier`` would.
+
+        Raises:
+            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
+        """
+        self.group.run_barrier(self.plan, deadline)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.reduction import finish_average, fold, native_ufunc, reduce_parts
+from collsvc.client.backends.reduction import finish_average, fold, native_ufunc, quiet_fold, reduce_parts
 from collsvc.client.backends.shm.descriptor import encode as encode_call
 from collsvc.client.backends.shm.steps import CallDescription, CallScope, StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
@@ -78,6 +78,14 @@ class SmallReduceScatter:
     rank: int
 
 
+@dataclass(frozen=True)
+class SmallBarrier:
+    """A barrier of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_barrier`."""
+
+    body: bytes
+    descriptions: CallDescription
+
+
 class PreparedCalls(StepEngine):
     """The prepared calls of a local group (see the module docstring)."""
 
@@ -92,6 +100,29 @@ class PreparedCalls(StepEngine):
         self._descriptions = descriptions
         with CallScope(self, body):
             self._step(deadline, body)
+
+    # -- repeated barrier ----------------------------------------------------------------------------
+
+    def prepare_barrier(self, digest: int) -> SmallBarrier | None:
+        """What :meth:`run_barrier` needs, worked out once; None for a group of one (nothing to wait for).
+
+        Raises:
+            CollsvcError: the group failed or is closed.
+        """
+        if self._solo():
+            return None
+        empty = np.dtype(np.uint8)  # the general barrier's descriptor: no data
+        return SmallBarrier(encode_call("barrier", empty, 0, None, None, digest), ("barrier", empty, 0, None, None))
+
+    def run_barrier(self, plan: SmallBarrier, deadline: float) -> None:
+        """:meth:`~collsvc.client.backends.shm.group.LocalGroup.barrier` as ``plan`` prepared it: the same
+        step and descriptor, so peers may run either method for the same barrier.
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
+        """
+        self._begin()
+        self._one_step(plan.body, plan.descriptions, deadline)
 
     # -- repeated small all_reduce -------------------------------------------------------------------
 
@@ -143,8 +174,7 @@ class PreparedCalls(StepEngine):
         # Into our slot of the other parity first, as _reduce does (same alignment on every rank).
         scratch = plan.own_inputs[1 - parity]
         if plan.quiet:
-            with np.errstate(over="ignore", invalid="ignore"):
-                fold(plan.ufunc, scratch, parts)
+            quiet_fold(plan.ufunc, scratch, parts)
         else:
             fold(plan.ufunc, scratch, parts)
         if plan.average:
