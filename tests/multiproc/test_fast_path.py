@@ -1,5 +1,5 @@
 """The Communicator's fast path for repeated all_reduce, broadcast, all_gather and reduce_scatter calls
-(client/fast_path.py), on real rank processes.
+and barriers (client/fast_path.py), on real rank processes.
 
 Each call shape runs several times, so every call after the first takes the fast path; the results are
 checked against numpy, against the general path's bits, and across ranks. Calls the fast path must not
@@ -235,6 +235,9 @@ def counted_calls(comm: collsvc.Communicator) -> dict[str, list[int]]:
     for _ in range(4):
         comm.reduce_scatter(x, ReduceOp.MAX)
     assert comm._repeated.has_fast_path("reduce_scatter", x, ReduceOp.MAX)
+    for _ in range(6):
+        comm.barrier()
+    assert comm._repeated.has_fast_path("barrier")
     return {s.op: [s.count, s.bytes, s.failed] for s in comm._job.recorder.stats.snapshot()}
 
 
@@ -245,6 +248,7 @@ def test_calls_on_the_fast_path_are_counted_in_the_statistics() -> None:
     for counted in result.values:
         assert counted["all_reduce"] == [20, 20 * 4000, 0] and counted["broadcast"] == [7, 7 * 4000, 0], counted
         assert counted["all_gather"] == [5, 5 * 4000, 0] and counted["reduce_scatter"] == [4, 4 * 4000, 0], counted
+        assert counted["barrier"] == [6, 0, 0], counted
 
 
 def mismatch_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
@@ -314,3 +318,62 @@ def test_a_job_recording_its_timeline_keeps_every_call_on_the_general_path(tmp_p
     for rank in range(2):
         part = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
         assert [call[3] for call in part["calls"]] == ["all_reduce"] * 3, part["calls"]
+
+
+def barriers_that_wait(comm: collsvc.Communicator, folder: str) -> bool:
+    """Each rank leaves a file before each barrier and, after it, finds every rank's file of that turn."""
+    x = np.ones(8, np.float32)
+    for turn in range(30):
+        Path(folder, f"{turn}-{comm.rank}").touch()
+        comm.barrier()
+        missing = [r for r in range(comm.size) if not Path(folder, f"{turn}-{r}").exists()]
+        assert not missing, f"barrier {turn} let rank {comm.rank} through before ranks {missing} arrived"
+        if turn % 4 == 0:
+            comm.all_reduce(x, out=x)  # other calls in between: the barrier's step stays in line with them
+    assert x[0] == comm.size**8
+    return comm._repeated.has_fast_path("barrier")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_repeated_barriers_take_the_fast_path_and_still_wait_for_every_rank(world_size: int, tmp_path: Path) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(barriers_that_wait, world_size, address=address, args=(str(tmp_path),), env=HOST, timeout=60)
+    assert result.values == [True] * world_size
+
+
+def barrier_against_an_all_reduce(comm: collsvc.Communicator) -> dict[str, Any]:
+    x = np.ones(8)
+    for _ in range(3):  # both learned on every rank
+        comm.barrier()
+        comm.all_reduce(x)
+    assert comm._repeated.has_fast_path("barrier")
+    return attempt(comm.barrier) if comm.rank == 0 else attempt(comm.all_reduce, x)
+
+
+def test_a_barrier_against_an_all_reduce_on_the_fast_path_is_a_mismatch_on_every_rank() -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(barrier_against_an_all_reduce, 2, address=address, env=HOST, timeout=60, allow_failures=True)
+    for rank, seen in enumerate(result.values):
+        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
+        assert "barrier" in seen["message"] and "all_reduce" in seen["message"], seen["message"]
+        assert seen["elapsed"] < 5.0
+
+
+def barrier_with_a_late_rank(comm: collsvc.Communicator) -> dict[str, Any]:
+    for _ in range(3):
+        comm.barrier()
+    if comm.rank == 1:
+        comm.job.store.get("timed-out", 30.0)  # late until rank 0's barrier gave up
+        return {"type": None}
+    seen = attempt(comm.barrier, timeout=1.0)
+    comm.job.store.set("timed-out", b"1")
+    return seen
+
+
+def test_a_barrier_on_the_fast_path_honours_its_timeout_and_names_the_late_rank() -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(barrier_with_a_late_rank, 2, address=address, env=HOST, timeout=60, allow_failures=True)
+    seen = result.values[0]
+    assert seen["type"] == "CollectiveTimeoutError", seen
+    assert seen["ranks"] == [1], seen
+    assert 1.0 <= seen["elapsed"] < 6.0, seen

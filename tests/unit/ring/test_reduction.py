@@ -124,6 +124,37 @@ def test_float_overflow_is_a_result_not_a_warning() -> None:
     assert np.isinf(dst[0]) and np.isnan(dst[1])
 
 
+def test_quiet_fold_keeps_the_callers_error_settings_and_silences_only_overflow_and_invalid() -> None:
+    import threading
+    import warnings
+
+    big = np.array([np.finfo(np.float32).max, np.inf], np.float32)
+    other = np.array([np.finfo(np.float32).max, -np.inf], np.float32)
+    for caller in ({"over": "raise", "invalid": "raise", "divide": "raise"}, {"all": "warn"}, {"all": "ignore"}):
+        with np.errstate(**caller), warnings.catch_warnings():
+            before = np.geterr()
+            warnings.simplefilter("error")
+            out = np.empty(2, np.float32)
+            reduction.quiet_fold(np.add, out, [big, other])  # overflow and inf - inf: no warning, no raise
+            assert np.isinf(out[0]) and np.isnan(out[1])
+            assert np.geterr() == before, caller  # the caller's settings are back
+            if before["divide"] == "raise":
+                with pytest.raises(FloatingPointError):  # and only overflow and invalid were silenced
+                    reduction.quiet_fold(np.divide, np.empty(1), [np.ones(1), np.zeros(1)])
+    # Another thread with other settings: each gets its own state back.
+    seen: list[dict[str, str]] = []
+
+    def other_thread() -> None:
+        with np.errstate(under="raise"):
+            reduction.quiet_fold(np.add, np.empty(2, np.float32), [big, other])
+            seen.append(np.geterr())
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert seen[0]["under"] == "raise" and seen[0]["over"] == np.geterr()["over"]
+
+
 def test_reduce_parts_equals_pairwise_reduction_bit_for_bit() -> None:
     """The shared-memory groups combine all parts in one pass; the bits must be those of the pairwise
     kernels, in the same order, for every dtype and op."""

@@ -1,5 +1,5 @@
-"""LocalGroup's prepared small calls (run_all_reduce, run_broadcast, run_all_gather, run_reduce_scatter)
-against its general methods, bit for bit.
+"""LocalGroup's prepared small calls (run_all_reduce, run_broadcast, run_all_gather, run_reduce_scatter,
+run_barrier) against its general methods, bit for bit.
 
 Peers may take either method for the same call (the Communicator's fast path on one rank, the general
 path on another), so both must publish the same descriptor and combine in the same order.
@@ -177,6 +177,45 @@ def test_a_prepared_call_and_a_different_call_raise_a_mismatch_on_every_rank_and
     for error, after in results:
         assert "'count': 7" in error and "'count': 8" in error, error
         assert after == 2.0
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_prepared_barriers_and_general_barriers_pass_together_and_keep_every_rank_in_step(size: int) -> None:
+    def body(group: LocalGroup) -> float:
+        plan = group.prepare_barrier(digest=5)
+        assert plan is not None
+        for turn in range(20):
+            if (turn + group.rank) % 3:  # each barrier: some ranks prepared, some general
+                group.run_barrier(plan, _far())
+            else:
+                group.barrier(_far(), digest=5)
+        x = np.full(3, float(group.rank + 1), np.float32)
+        group.all_reduce(x, ReduceOp.SUM, _far(), digest=5)  # still in step: the next call agrees
+        return float(x[0])
+
+    n = size
+    assert run_group(size, body) == [n * (n + 1) / 2] * size
+
+
+def test_a_prepared_barrier_against_an_all_reduce_is_a_mismatch_on_every_rank() -> None:
+    def body(group: LocalGroup) -> str:
+        plan = group.prepare_barrier(digest=5)
+        assert plan is not None
+        try:
+            if group.rank == 0:
+                group.run_barrier(plan, _far())
+            else:
+                group.all_reduce(np.ones(4, np.float32), ReduceOp.SUM, _far(), digest=5)
+        except CollectiveMismatchError as exc:
+            return str(exc)
+        return ""
+
+    for error in run_group(2, body):
+        assert "barrier" in error and "all_reduce" in error, error
+
+
+def test_a_group_of_one_prepares_no_barrier() -> None:
+    assert run_group(1, lambda g: g.prepare_barrier(digest=1)) == [None]
 
 
 def _far() -> float:
