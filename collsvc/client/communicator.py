@@ -91,7 +91,7 @@ class Communicator:
 
     # ---- infrastructure -------------------------------------------------------------------------
     def _check_usable(self) -> None:
-        if self.closed:
+        if self._closed or self._job.closed:  # self.closed, without a property call per collective
             raise CollsvcError(f"communicator '{self.name}' is closed")
         self._job.check_usable(self._members)
 

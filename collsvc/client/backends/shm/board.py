@@ -58,6 +58,7 @@ class ArrivalBoard:
         self._peer_slots = tuple([s.descriptors[parity].data for _, s in self._peers] for parity in (0, 1))
         self._bell = bell
         self._fence_lock = threading.Lock()
+        self._last_framed = (b"", _LENGTH.pack(0))
 
     def barrier(self, generation: int, body: bytes, deadline: float, check: Callable[[], None], spin: float) -> bool:
         """Barrier ``generation``, publishing ``body`` (this step's descriptor, b"" for none).
@@ -69,7 +70,7 @@ class ArrivalBoard:
             Whatever ``check`` raises (it runs whenever a sleeping wait wakes without the arrivals).
         """
         own = self._own
-        framed = _LENGTH.pack(len(body)) + body
+        framed = self._framed_body(body)
         self._slots[generation % 2][: len(framed)] = framed
         own.reached[0] = generation
         self._fence()
@@ -96,7 +97,7 @@ class ArrivalBoard:
 
     def agree(self, generation: int, body: bytes) -> bool:
         """Whether every peer published ``body`` at barrier ``generation`` (no copies of the others')."""
-        framed = _LENGTH.pack(len(body)) + body
+        framed = self._framed_body(body)
         end = len(framed)
         for slot in self._peer_slots[generation % 2]:  # noqa: SIM110 - polled: a loop is cheaper than all()
             if slot[:end] != framed:
@@ -112,6 +113,14 @@ class ArrivalBoard:
             (length,) = _LENGTH.unpack(slot[: _LENGTH.size].tobytes())
             bodies.append(slot[_LENGTH.size : _LENGTH.size + min(length, DESCRIPTOR_BYTES)].tobytes())
         return bodies
+
+    def _framed_body(self, body: bytes) -> bytes:
+        """``body`` with its length in front, as the descriptor slots hold it (kept for the last body: a
+        repeated call publishes the same one every time)."""
+        last = self._last_framed
+        if last[0] is not body:
+            last = self._last_framed = (body, _LENGTH.pack(len(body)) + body)
+        return last[1]
 
     def _arrived(self, generation: int) -> bool:
         for reached in self._peer_words:  # noqa: SIM110 - polled: a loop is cheaper than all()

@@ -14,7 +14,7 @@ import numpy as np
 
 from collsvc.client.backends.reduction import finish_average, fold, native_ufunc, quiet_fold, reduce_parts
 from collsvc.client.backends.shm.descriptor import encode as encode_call
-from collsvc.client.backends.shm.steps import CallDescription, CallScope, StepEngine
+from collsvc.client.backends.shm.steps import CallDescription, StepEngine
 from collsvc.types import ReduceOp, check_op_dtype
 
 # Below this many bytes all_reduce/reduce take one barrier and every rank reduces everything itself.
@@ -90,16 +90,24 @@ class PreparedCalls(StepEngine):
     """The prepared calls of a local group (see the module docstring)."""
 
     def _begin(self) -> int:
-        """Starts a prepared call: raises if the group failed or closed; returns its step's parity."""
-        self._solo()
-        return self._parity()
+        """Starts a prepared call: raises if the group failed or closed (as :meth:`_solo`, inline: this
+        runs on every repeated call); returns its step's parity."""
+        if self._error is not None or self._closed:
+            self._solo()
+        if self._watch is not None:
+            self._watch()
+        return (self._generation + 1) % 2
 
     def _one_step(self, body: bytes, descriptions: CallDescription, deadline: float) -> None:
-        """The prepared call's one step, as the general methods' ``_call`` scope and first ``_step`` take
-        it: the descriptor ``body`` published and checked, ``descriptions`` naming this rank's call."""
+        """The prepared call's one step, as the general methods' ``_call`` scope (:class:`CallScope`) and
+        first ``_step`` take it: the descriptor ``body`` published and checked, ``descriptions`` naming
+        this rank's call."""
         self._descriptions = descriptions
-        with CallScope(self, body):
+        try:
             self._step(deadline, body)
+        except BaseException as exc:
+            self._call_ended_in(exc)
+            raise
 
     # -- repeated barrier ----------------------------------------------------------------------------
 

@@ -281,6 +281,14 @@ class StepEngine:
             labels.append(view[_LABEL_LENGTH.size : _LABEL_LENGTH.size + min(length, limit)].tobytes())
         return labels
 
+    def _call_ended_in(self, exc: BaseException) -> None:
+        """A call of this group raised ``exc``: unless it is an agreed mismatch (every rank raised after
+        the same barrier, still in step), ranks are out of step now and no later call may use the slots."""
+        if isinstance(exc, CollectiveMismatchError):
+            return
+        if self._error is None:
+            self._error = exc if isinstance(exc, CollsvcError) else CollsvcError(f"{self._name}: {exc!r}")
+
     def _solo(self) -> bool:
         """Raises if the group failed or closed; True when there are no peers (nothing to exchange)."""
         self._check_failed()
@@ -349,9 +357,5 @@ class CallScope:
         return self._body
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if exc is None or isinstance(exc, CollectiveMismatchError):
-            return  # a mismatch: every rank raised after the same barrier, still in step
-        # Ranks are out of step now: no later call may use the slots.
-        engine = self._engine
-        if engine._error is None:
-            engine._error = exc if isinstance(exc, CollsvcError) else CollsvcError(f"{engine._name}: {exc!r}")
+        if exc is not None:
+            self._engine._call_ended_in(exc)
