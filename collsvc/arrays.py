@@ -133,14 +133,15 @@ class _TensorMemory:
         self.tensor = tensor
 
 
-def torch_cpu_view(x: Any) -> np.ndarray | None:
+def torch_cpu_view(x: Any, *, owning: bool = True) -> np.ndarray | None:
     """A numpy view of a CPU torch tensor's memory (no copy), or None where that does not apply: CUDA,
     bfloat16 or another dtype numpy lacks, autograd, conjugate or negated views, sparse layouts.
 
     The view is made from the tensor's address, shape and strides through numpy's array interface,
     not with ``Tensor.numpy()``: that marks the tensor's storage as never resizable again (so a
     collective would break ``resize_`` and the storage freeing FSDP does, which gloo leaves alone), and
-    costs twice as much.
+    costs twice as much. It keeps the tensor alive, unless ``owning`` is False: then whoever uses the
+    view must hold the tensor meanwhile (a cache of views that must not keep tensors alive).
     """
     if not _TORCH_STRIDED:
         _learn_torch(x)
@@ -161,7 +162,7 @@ def torch_cpu_view(x: Any) -> np.ndarray | None:
         "typestr": dtype.str,
         "version": 3,
     }
-    view: np.ndarray = np.asarray(_TensorMemory(interface, x))
+    view: np.ndarray = np.asarray(_TensorMemory(interface, x if owning else None))
     return view
 
 

@@ -58,6 +58,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         self._shut = False
         self._group_name = comm.name
         self._group_desc = comm.name
+        self._where = f" in group '{comm.name}' (rank {comm.rank} of {comm.size})"  # for errors
 
     @property
     def communicator(self) -> Communicator:
@@ -83,43 +84,44 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
-    def _ops(self) -> ops.Issuer:
-        return self._inline_issuer if ops.caller_waits() else self._async_issuer
+    def _ops(self, opts: Any = None) -> ops.Issuer:
+        """The issuer of a call with torch's options ``opts``: inline where the caller waits at once."""
+        return self._inline_issuer if ops.caller_waits(opts) else self._async_issuer
 
     def _work(self, calls: Sequence[Any], outputs: list[torch.Tensor], finish: Finisher | None, what: str) -> Any:
-        description = f"{what} in group '{self._comm.name}' (rank {self._comm.rank} of {self._comm.size})"
-        return CollsvcWork(calls, outputs, finish, description, self._wait_limit, current())
+        return CollsvcWork(calls, outputs, finish, what + self._where, self._wait_limit, current())
 
     # ---- reductions ------------------------------------------------------------------------------
     @translated
     @on_caller_stream
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = (opts or dist.AllreduceOptions()).reduceOp
-        return self._work(*ops.all_reduce(self._ops(), tensors, op), "allreduce")
+        return self._work(*ops.all_reduce(self._ops(opts), tensors, op), "allreduce")
 
     @translated
     @on_caller_stream
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = (opts or dist.AllreduceCoalescedOptions()).reduceOp
-        return self._work(*ops.all_reduce(self._ops(), tensors, op), "allreduce_coalesced")
+        return self._work(*ops.all_reduce(self._ops(opts), tensors, op), "allreduce_coalesced")
 
     @translated
     @on_caller_stream
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts or dist.ReduceOptions()
-        return self._work(*ops.reduce(self._ops(), ops.single(tensors), opts.rootRank, opts.reduceOp), "reduce")
+        return self._work(*ops.reduce(self._ops(opts), ops.single(tensors), opts.rootRank, opts.reduceOp), "reduce")
 
     @translated
     @on_caller_stream
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         op = (opts or dist.ReduceScatterOptions()).reduceOp
-        return self._work(*ops.reduce_scatter_list(self._ops(), ops.single(outputs), inputs[0], op), "reduce_scatter")
+        parts = ops.reduce_scatter_list(self._ops(opts), ops.single(outputs), inputs[0], op)
+        return self._work(*parts, "reduce_scatter")
 
     @translated
     @on_caller_stream
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         op = (opts or dist.ReduceScatterOptions()).reduceOp
-        return self._work(*ops.reduce_scatter(self._ops(), output, input, op), "reduce_scatter_tensor")
+        return self._work(*ops.reduce_scatter(self._ops(opts), output, input, op), "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -129,7 +131,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
         op = (opts or dist.ReduceScatterOptions()).reduceOp
-        parts = [ops.reduce_scatter(self._ops(), o, i, op) for o, i in zip(outputs, inputs, strict=True)]
+        parts = [ops.reduce_scatter(self._ops(opts), o, i, op) for o, i in zip(outputs, inputs, strict=True)]
         return self._work(*ops.merge(parts), "reduce_scatter_tensor_coalesced")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -139,17 +141,17 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     @on_caller_stream
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts or dist.BroadcastOptions()
-        return self._work(*ops.broadcast(self._ops(), tensors, opts.rootRank), "broadcast")
+        return self._work(*ops.broadcast(self._ops(opts), tensors, opts.rootRank), "broadcast")
 
     @translated
     @on_caller_stream
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._work(*ops.all_gather_list(self._ops(), ops.single(outputs), ops.single(inputs)), "allgather")
+        return self._work(*ops.all_gather_list(self._ops(opts), ops.single(outputs), ops.single(inputs)), "allgather")
 
     @translated
     @on_caller_stream
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
-        return self._work(*ops.all_gather(self._ops(), output, input), "all_gather_into_tensor")
+        return self._work(*ops.all_gather(self._ops(opts), output, input), "all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
@@ -163,7 +165,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
             raise ValueError(
                 f"all_gather_coalesced: needs {self._comm.size} output lists of {len(inputs)} tensors each"
             )
-        issuer = self._ops()
+        issuer = self._ops(opts)
         parts = [ops.all_gather_list(issuer, [per_rank[j] for per_rank in outputs], t) for j, t in enumerate(inputs)]
         return self._work(*ops.merge(parts), "allgather_coalesced")
 
@@ -172,7 +174,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        parts = [ops.all_gather(self._ops(), o, i) for o, i in zip(outputs, inputs, strict=True)]
+        parts = [ops.all_gather(self._ops(opts), o, i) for o, i in zip(outputs, inputs, strict=True)]
         return self._work(*ops.merge(parts), "all_gather_into_tensor_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -182,14 +184,14 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         root = (opts or dist.GatherOptions()).rootRank
         listed = outputs[0] if outputs else []
-        return self._work(*ops.gather(self._ops(), listed, ops.single(inputs), root), "gather")
+        return self._work(*ops.gather(self._ops(opts), listed, ops.single(inputs), root), "gather")
 
     @translated
     @on_caller_stream
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         root = (opts or dist.ScatterOptions()).rootRank
         listed = inputs[0] if inputs else []
-        return self._work(*ops.scatter(self._ops(), ops.single(outputs), listed, root), "scatter")
+        return self._work(*ops.scatter(self._ops(opts), ops.single(outputs), listed, root), "scatter")
 
     # ---- all to all ------------------------------------------------------------------------------
     @translated
@@ -202,7 +204,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> Any:
-        parts = ops.all_to_all_single(self._ops(), output, input, output_split_sizes, input_split_sizes)
+        parts = ops.all_to_all_single(self._ops(opts), output, input, output_split_sizes, input_split_sizes)
         return self._work(*parts, "all_to_all_single")
 
     alltoall_base = all_to_all_single
@@ -210,7 +212,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     @translated
     @on_caller_stream
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._work(*ops.all_to_all_list(self._ops(), outputs, inputs), "alltoall")
+        return self._work(*ops.all_to_all_list(self._ops(opts), outputs, inputs), "alltoall")
 
     # ---- point to point --------------------------------------------------------------------------
     @translated

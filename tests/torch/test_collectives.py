@@ -310,6 +310,28 @@ def _repeated_calls_take_the_fast_path(rank: int, n: int) -> None:
     assert comm._repeated.has_fast_path("reduce_scatter", np.empty(16 * n, np.float32), ReduceOp.SUM)
 
 
+def _a_tensor_that_moves_is_reduced_where_it_is_now(rank: int, n: int) -> None:
+    # Repeated calls of one tensor reuse its numpy view until its memory or layout changes.
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(16)
+    for _ in range(3):
+        t.fill_(rank + 1)
+        dist.all_reduce(t)
+        assert t.tolist() == [n * (n + 1) / 2] * 16
+    t.resize_(1 << 14)  # new memory
+    t.fill_(1.0)
+    dist.all_reduce(t)
+    assert t.tolist() == [float(n)] * (1 << 14)
+    t.set_(torch.full((16,), float(rank)))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert t.tolist() == [float(n - 1)] * 16
+    for _ in range(3):
+        dist.barrier()  # repeated barriers take the Communicator's fast path too
+    assert dist.distributed_c10d._get_default_group().communicator._repeated.has_fast_path("barrier")
+
+
 CHECKS = (
     _async_returns_before_the_others_arrive,
     _reductions,
@@ -319,6 +341,7 @@ CHECKS = (
     _objects_groups_and_work,
     _tensors_stay_resizable,
     _repeated_calls_take_the_fast_path,
+    _a_tensor_that_moves_is_reduced_where_it_is_now,
 )
 
 
