@@ -29,8 +29,8 @@ that only sends then learns of a mismatch at its next call instead),
 ``collsvc run`` for its ranks),
 ``COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE`` (``1`` lets object collectives unpickle in a job with neither
 token nor TLS; refused by default),
-``COLLSVC_FAST_PATH`` (``0``: repeated all_reduce, broadcast, all_gather and reduce_scatter calls take
-the general path, see :func:`fast_path_enabled`),
+``COLLSVC_FAST_PATH`` (``0``: repeated all_reduce, broadcast, all_gather and reduce_scatter calls and
+barriers take the general path, see :func:`fast_path_enabled`),
 ``COLLSVC_TIMELINE`` (the merged timeline file; each rank writes its part next to it, see
 ``collsvc/observability/timeline.py``),
 ``COLLSVC_COORDINATOR_READY_FD`` (set by ``collsvc run``: a pipe that closes once its embedded
@@ -321,7 +321,8 @@ SHM_BARRIER_KINDS = ("auto", "memory", "sockets")
 
 def fast_path_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``COLLSVC_FAST_PATH``: whether repeated synchronous all_reduce, broadcast, all_gather and
-    reduce_scatter calls of numpy arrays on one host skip the general layers (``client/fast_path.py``);
+    reduce_scatter calls of numpy arrays, and barriers, on one host skip the general layers
+    (``client/fast_path.py``);
     ``0`` turns it off, to compare or to rule it out."""
     return (os.environ if env is None else env).get("COLLSVC_FAST_PATH", "1") != "0"
 

@@ -1,5 +1,5 @@
-"""Repeated synchronous all_reduce, broadcast, all_gather and reduce_scatter calls of numpy arrays
-within one host, without the general layers.
+"""Repeated synchronous all_reduce, broadcast, all_gather and reduce_scatter calls of numpy arrays, and
+barriers, within one host, without the general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
 ``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
@@ -10,7 +10,9 @@ signature, the group, the step's descriptor, the slot views. A later call with a
 array then only numbers itself, records its progress and statistics, copies into its slot, meets the
 peers at the same barrier with the same descriptor (so the mismatch check stays on), and reduces or
 copies out (a broadcast: the root copies in, the others copy out; an all_gather: every rank copies
-every block out; a reduce_scatter: every rank reduces its own block).
+every block out; a reduce_scatter: every rank reduces its own block; a barrier: only the step).
+Progress and statistics go through objects held per stream and per call kind
+(``StreamProgress``, ``RepeatedCallCounter``): no lookups or locks per call.
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
@@ -254,8 +256,8 @@ _KEPT = 64
 
 
 class RepeatedCalls:
-    """The fast paths of one Communicator's all_reduce and broadcast calls, by (collective, dtype, shape,
-    op or root), learned from the general path.
+    """The fast paths of one Communicator's calls, by (collective, dtype, shape, op or root), and of its
+    barriers, learned from the general path.
 
     Args:
         job / spec / stream: the Communicator's job, members and sequence stream.
