@@ -26,6 +26,17 @@ HOST = {"COLLSVC_HOST": "fast-path-host"}  # one host: the shared-memory path
 SHAPES = [(), (1,), (7, 3), (1023,)]
 
 
+def assert_mismatch_on_every_rank(fn: Any, *named: str) -> None:
+    """Runs ``fn`` on 2 ranks; each must raise a CollectiveMismatchError within 5 s naming all of ``named``."""
+    with coordinator() as (_, address):
+        result = run_ranks(fn, 2, address=address, env=HOST, timeout=60, allow_failures=True)
+    for rank, seen in enumerate(result.values):
+        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
+        for text in named:
+            assert text in seen["message"], (text, seen["message"])
+        assert seen["elapsed"] < 5.0, seen
+
+
 def repeated_reductions(comm: collsvc.Communicator) -> int:
     n, checked = comm.size, 0
     for dtype in DTYPES:
@@ -154,12 +165,8 @@ def all_gather_shapes_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
 
 
 def test_all_gather_shapes_that_disagree_on_the_fast_path_are_a_mismatch_on_every_rank() -> None:
-    with coordinator() as (_, address):
-        result = run_ranks(all_gather_shapes_disagree, 2, address=address, env=HOST, timeout=60, allow_failures=True)
-    for rank, seen in enumerate(result.values):
-        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
-        assert "rank 0 called all_gather(float64[8])" in seen["message"], seen["message"]
-        assert "rank 1 called all_gather(float64[9])" in seen["message"], seen["message"]
+    named = ("rank 0 called all_gather(float64[8])", "rank 1 called all_gather(float64[9])")
+    assert_mismatch_on_every_rank(all_gather_shapes_disagree, *named)
 
 
 def broadcast_roots_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
@@ -170,12 +177,8 @@ def broadcast_roots_disagree(comm: collsvc.Communicator) -> dict[str, Any]:
 
 
 def test_broadcast_roots_that_disagree_on_the_fast_path_are_a_mismatch_on_every_rank() -> None:
-    with coordinator() as (_, address):
-        result = run_ranks(broadcast_roots_disagree, 2, address=address, env=HOST, timeout=60, allow_failures=True)
-    for rank, seen in enumerate(result.values):
-        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
-        assert "rank 0 called broadcast(float64[8], root=0)" in seen["message"], seen["message"]
-        assert "rank 1 called broadcast(float64[8], root=1)" in seen["message"], seen["message"]
+    named = ("rank 0 called broadcast(float64[8], root=0)", "rank 1 called broadcast(float64[8], root=1)")
+    assert_mismatch_on_every_rank(broadcast_roots_disagree, *named)
 
 
 def calls_the_fast_path_must_leave(comm: collsvc.Communicator) -> bool:
@@ -258,12 +261,7 @@ def mismatch_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
 
 
 def test_a_mismatch_on_the_fast_path_names_both_calls_on_every_rank() -> None:
-    with coordinator() as (_, address):
-        result = run_ranks(mismatch_on_the_fast_path, 2, address=address, env=HOST, timeout=60, allow_failures=True)
-    for rank, seen in enumerate(result.values):
-        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
-        assert "[8]" in seen["message"] and "[9]" in seen["message"], seen["message"]
-        assert seen["elapsed"] < 5.0
+    assert_mismatch_on_every_rank(mismatch_on_the_fast_path, "[8]", "[9]")
 
 
 def dead_peer_on_the_fast_path(comm: collsvc.Communicator) -> dict[str, Any]:
@@ -351,12 +349,7 @@ def barrier_against_an_all_reduce(comm: collsvc.Communicator) -> dict[str, Any]:
 
 
 def test_a_barrier_against_an_all_reduce_on_the_fast_path_is_a_mismatch_on_every_rank() -> None:
-    with coordinator() as (_, address):
-        result = run_ranks(barrier_against_an_all_reduce, 2, address=address, env=HOST, timeout=60, allow_failures=True)
-    for rank, seen in enumerate(result.values):
-        assert seen["type"] == "CollectiveMismatchError", (rank, seen)
-        assert "barrier" in seen["message"] and "all_reduce" in seen["message"], seen["message"]
-        assert seen["elapsed"] < 5.0
+    assert_mismatch_on_every_rank(barrier_against_an_all_reduce, "barrier", "all_reduce")
 
 
 def barrier_with_a_late_rank(comm: collsvc.Communicator) -> dict[str, Any]:
