@@ -6,7 +6,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -173,8 +173,7 @@ class CallWatch:
         return self.signature.encode() if self.signature is not None else b""
 
 
-@dataclass(frozen=True)
-class SharedAllReduce:
+class SharedAllReduce(NamedTuple):
     """A small all_reduce over one host's shared memory, prepared by the ring backend's ``shared_all_reduce``.
 
     ``watch`` must follow each call (its departure check and mismatch label); ``local``: the global
@@ -201,8 +200,7 @@ class SharedAllReduce:
             finish_average(dst, self.average_over)
 
 
-@dataclass(frozen=True)
-class SharedBroadcast:
+class SharedBroadcast(NamedTuple):
     """A small broadcast over one host's shared memory, prepared by the ring backend's
     ``shared_broadcast`` (``watch`` and ``local`` as in :class:`SharedAllReduce`)."""
 
@@ -220,8 +218,7 @@ class SharedBroadcast:
         self.group.run_broadcast(self.plan, buf, deadline)
 
 
-@dataclass(frozen=True)
-class SharedAllGather:
+class SharedAllGather(NamedTuple):
     """A small all_gather over one host's shared memory (``watch`` and ``local`` as in
     :class:`SharedAllReduce`)."""
 
@@ -240,8 +237,7 @@ class SharedAllGather:
         self.group.run_all_gather(self.plan, src, dst, deadline)
 
 
-@dataclass(frozen=True)
-class SharedReduceScatter:
+class SharedReduceScatter(NamedTuple):
     """A small reduce_scatter over one host's shared memory (``watch``, ``local`` and ``average_over`` as
     in :class:`SharedAllReduce`)."""
 
@@ -263,8 +259,7 @@ class SharedReduceScatter:
             finish_average(dst, self.average_over)
 
 
-@dataclass(frozen=True)
-class SharedBarrier:
+class SharedBarrier(NamedTuple):
     """A barrier over one host's shared memory (``watch`` and ``local`` as in :class:`SharedAllReduce`)."""
 
     group: LocalGroup

@@ -7,8 +7,7 @@ the group's general method, so peers may take either for the same call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,8 +20,7 @@ from collsvc.types import ReduceOp, check_op_dtype
 DIRECT_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True)
-class SmallAllReduce:
+class SmallAllReduce(NamedTuple):
     """One all_reduce shape of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_all_reduce`.
 
     ``body``: the call's descriptor; ``own_inputs``: this rank's input slot of each parity, cut to the
@@ -39,8 +37,7 @@ class SmallAllReduce:
     average: bool
 
 
-@dataclass(frozen=True)
-class SmallBroadcast:
+class SmallBroadcast(NamedTuple):
     """One broadcast shape and root of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_broadcast`
     (``root_slots``: the root's input slot of each parity, cut and shaped to the call)."""
 
@@ -50,8 +47,7 @@ class SmallBroadcast:
     is_root: bool
 
 
-@dataclass(frozen=True)
-class SmallAllGather:
+class SmallAllGather(NamedTuple):
     """One all_gather length of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_all_gather`
     (``own_slots``: this rank's input slot of each parity, ``peer_slots``: (rank, slot) of every other
     rank per parity, all cut to the call's length; ``rank``: this rank's local rank)."""
@@ -63,8 +59,7 @@ class SmallAllGather:
     rank: int
 
 
-@dataclass(frozen=True)
-class SmallReduceScatter:
+class SmallReduceScatter(NamedTuple):
     """One reduce_scatter length and op of a :class:`LocalGroup`, prepared for
     :meth:`LocalGroup.run_reduce_scatter`: ``own_slots``, per parity, (rank, the part of this rank's
     input slot that carries that rank's block) for every other rank; ``peer_blocks``, per parity and
@@ -78,8 +73,7 @@ class SmallReduceScatter:
     rank: int
 
 
-@dataclass(frozen=True)
-class SmallBarrier:
+class SmallBarrier(NamedTuple):
     """A barrier of a :class:`LocalGroup`, prepared for :meth:`LocalGroup.run_barrier`."""
 
     body: bytes
