@@ -31,21 +31,19 @@ from typing import Any
 import numpy as np
 
 from collsvc.client.backends.base import Call, GroupSpec, Signature
-from collsvc.client.backends.reduction import reduced_as
+from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring.backend import global_mismatch
-from collsvc.client.backends.shm.groups import (
-    SharedAllGather,
-    SharedAllReduce,
-    SharedBarrier,
-    SharedBroadcast,
-    SharedReduceScatter,
-)
+from collsvc.client.backends.shm.group import LocalGroup
+from collsvc.client.backends.shm.groups import CallWatch
 from collsvc.client.job import Job
 from collsvc.config import fast_path_enabled
 from collsvc.errors import CollectiveMismatchError, CollsvcError
 from collsvc.types import ReduceOp
 
-_Shared = SharedAllReduce | SharedBroadcast | SharedAllGather | SharedReduceScatter | SharedBarrier
+# The shared-memory group of a Communicator on one host, as ``RingBackend.existing_shared`` finds it: the
+# group, the watch that must follow each call (its departure check and mismatch label), and the global
+# ranks of its members (to name a mismatch).
+_Shared = tuple[LocalGroup, CallWatch, tuple[int, ...]]
 
 # Every barrier's signature: a barrier carries no data.
 BARRIER = Signature.of("barrier", "", ())
@@ -58,14 +56,40 @@ class _Repeated:
     """Calls of one collective, shape and argument (op or root) of one Communicator, on its shared-memory
     group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
 
-    __slots__ = ("_job", "_spec", "_stream", "_signature", "_shared", "_progress", "_counter", "_limit")
+    __slots__ = (
+        "_job",
+        "_spec",
+        "_stream",
+        "_signature",
+        "_group",
+        "_watch",
+        "_local",
+        "_plan",
+        "_average_over",
+        "_progress",
+        "_counter",
+        "_limit",
+    )
 
-    def __init__(self, job: Job, spec: GroupSpec, stream: str, signature: Signature, shared: _Shared) -> None:
+    def __init__(
+        self,
+        job: Job,
+        spec: GroupSpec,
+        stream: str,
+        signature: Signature,
+        shared: _Shared,
+        plan: Any,
+        average_over: int = 0,
+    ) -> None:
+        """``plan``: what the group's ``prepare_*`` made for these calls; ``average_over``: the group size
+        to divide a sum by (AVG), else 0."""
         self._job = job
         self._spec = spec
         self._stream = stream
         self._signature = signature
-        self._shared = shared
+        self._group, self._watch, self._local = shared
+        self._plan = plan
+        self._average_over = average_over
         self._progress = job.progress.stream(stream)
         self._counter = job.recorder.counter(signature, spec)
         self._limit = job.options.timeout
@@ -89,13 +113,12 @@ class _Repeated:
         deadline = time.monotonic() + limit
         started = time.time()
         record = self._progress.start(seq, signature.text, started)
-        shared = self._shared
-        shared.watch.follow_numbers(self._stream, seq, signature)
+        self._watch.follow_numbers(self._stream, seq, signature)
         try:
             result = self._move(x, out, deadline)
         except CollsvcError as exc:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
-            error = global_mismatch(call, shared.local, exc) if isinstance(exc, CollectiveMismatchError) else exc
+            error = global_mismatch(call, self._local, exc) if isinstance(exc, CollectiveMismatchError) else exc
             span = (call, int(started * 1e9), 0)
             raise self._job.call_failed(call, record, span, error) from error
         ended = time.time()
@@ -112,21 +135,21 @@ class RepeatedBarrier(_Repeated):
     """Barriers of one Communicator."""
 
     __slots__ = ()
-    _shared: SharedBarrier
 
     def _move(self, x: Any, out: Any, deadline: float) -> None:
-        self._shared.run(deadline)
+        self._group.run_barrier(self._plan, deadline)
 
 
 class RepeatedAllReduce(_Repeated):
     """All_reduce calls of one (dtype, shape, op)."""
 
     __slots__ = ()
-    _shared: SharedAllReduce
 
     def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
         result = x if out is x else np.empty_like(x)
-        self._shared.run(x, result, deadline)
+        self._group.run_all_reduce(self._plan, x, result, deadline)
+        if self._average_over:
+            finish_average(result, self._average_over)
         return result
 
 
@@ -134,14 +157,13 @@ class RepeatedBroadcast(_Repeated):
     """Broadcasts of one (dtype, shape, root): the root's ``x`` is read, the others' written."""
 
     __slots__ = ()
-    _shared: SharedBroadcast
 
     def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
-        if self._shared.plan.is_root:
-            self._shared.run(x, deadline)
+        if self._plan.is_root:
+            self._group.run_broadcast(self._plan, x, deadline)
             return x if out is x else x.copy()
         result = x if out is x else np.empty_like(x)
-        self._shared.run(result, deadline)
+        self._group.run_broadcast(self._plan, result, deadline)
         return result
 
 
@@ -150,7 +172,6 @@ class _RepeatedIntoNewShape(_Repeated):
     a given ``out`` of that shape."""
 
     __slots__ = ("_result_shape",)
-    _shared: SharedAllGather | SharedReduceScatter
 
     def __init__(self, result_shape: tuple[int, ...], *args: Any) -> None:
         """``result_shape``: every result's; ``args``: as :class:`_Repeated`'s."""
@@ -171,10 +192,8 @@ class _RepeatedIntoNewShape(_Repeated):
             and not np.may_share_memory(out, x)
         )
 
-    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
-        result = np.empty(self._result_shape, x.dtype) if out is None else out
-        self._shared.run(x.reshape(-1), result.reshape(-1), deadline)
-        return result
+    def _result(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        return np.empty(self._result_shape, x.dtype) if out is None else out
 
 
 class RepeatedAllGather(_RepeatedIntoNewShape):
@@ -182,11 +201,23 @@ class RepeatedAllGather(_RepeatedIntoNewShape):
 
     __slots__ = ()
 
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = self._result(x, out)
+        self._group.run_all_gather(self._plan, x.reshape(-1), result.reshape(-1), deadline)
+        return result
+
 
 class RepeatedReduceScatter(_RepeatedIntoNewShape):
     """Reduce_scatters of one (dtype, shape, op): block ``rank`` (along axis 0) of the reduction."""
 
     __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = self._result(x, out)
+        self._group.run_reduce_scatter(self._plan, x.reshape(-1), result.reshape(-1), deadline)
+        if self._average_over:
+            finish_average(result, self._average_over)
+        return result
 
 
 def _prepare(
@@ -212,41 +243,31 @@ def _prepare(
         found = job.ring.existing_shared(spec, stream)
         if found is None:
             return None
-        group, watch, local = found
+        group = found[0]
         digest = signature.digest
+        common = (job, spec, stream, signature, found)
         if kind == "barrier":
             waiting = group.prepare_barrier(digest)
-            passing = None if waiting is None else SharedBarrier(group, watch, waiting, local)
-            return None if passing is None else RepeatedBarrier(job, spec, stream, signature, passing)
+            return None if waiting is None else RepeatedBarrier(*common, waiting)
         assert x is not None  # every other kind has an array
+        average_over = spec.size if arg is ReduceOp.AVG else 0
         if kind == "all_reduce":
             assert isinstance(arg, ReduceOp)
             reducing = group.prepare_all_reduce(x.dtype, x.size, reduced_as(arg), digest, x.shape)
-            if reducing is None:
-                return None
-            average_over = spec.size if arg is ReduceOp.AVG else 0
-            reduced = SharedAllReduce(group, watch, reducing, local, average_over)
-            return RepeatedAllReduce(job, spec, stream, signature, reduced)
+            return None if reducing is None else RepeatedAllReduce(*common, reducing, average_over)
         if kind == "broadcast":
             assert isinstance(arg, int)
             sending = group.prepare_broadcast(x.dtype, x.size, arg, digest, x.shape)
-            sent = None if sending is None else SharedBroadcast(group, watch, sending, local)
-            return None if sent is None else RepeatedBroadcast(job, spec, stream, signature, sent)
+            return None if sending is None else RepeatedBroadcast(*common, sending)
         if kind == "all_gather":
             gathering = group.prepare_all_gather(x.dtype, x.size, digest)
-            if gathering is None:
-                return None
             shape = x.shape or (1,)  # a 0-d array counts as shape (1,)
-            gathered = SharedAllGather(group, watch, gathering, local)
-            return RepeatedAllGather((spec.size * shape[0], *shape[1:]), job, spec, stream, signature, gathered)
+            gathered = (spec.size * shape[0], *shape[1:])
+            return None if gathering is None else RepeatedAllGather(gathered, *common, gathering)
         assert isinstance(arg, ReduceOp)
         block_shape = (x.shape[0] // spec.size, *x.shape[1:])
         scattering = group.prepare_reduce_scatter(x.dtype, x.size // spec.size, reduced_as(arg), digest)
-        if scattering is None:
-            return None
-        average_over = spec.size if arg is ReduceOp.AVG else 0
-        scattered = SharedReduceScatter(group, watch, scattering, local, average_over)
-        return RepeatedReduceScatter(block_shape, job, spec, stream, signature, scattered)
+        return None if scattering is None else RepeatedReduceScatter(block_shape, *common, scattering, average_over)
     except CollsvcError:
         return None  # the group failed meanwhile: the general path raises it
 

@@ -6,20 +6,9 @@ import hashlib
 import threading
 import time
 from collections.abc import Mapping
-from typing import NamedTuple
-
-import numpy as np
 
 from collsvc.client.backends.base import Call, Signature, last_finished
-from collsvc.client.backends.reduction import finish_average
 from collsvc.client.backends.shm.group import LocalGroup
-from collsvc.client.backends.shm.prepared import (
-    SmallAllGather,
-    SmallAllReduce,
-    SmallBarrier,
-    SmallBroadcast,
-    SmallReduceScatter,
-)
 
 
 class LocalGroups:
@@ -171,106 +160,3 @@ class CallWatch:
     def label(self) -> bytes:
         """The current call's full signature (JSON), for mismatch errors."""
         return self.signature.encode() if self.signature is not None else b""
-
-
-class SharedAllReduce(NamedTuple):
-    """A small all_reduce over one host's shared memory, prepared by the ring backend's ``shared_all_reduce``.
-
-    ``watch`` must follow each call (its departure check and mismatch label); ``local``: the global
-    ranks of the local members (to name a mismatch); ``average_over``: the group size to divide the
-    sum by (AVG), or 0.
-    """
-
-    group: LocalGroup
-    watch: CallWatch
-    plan: SmallAllReduce
-    local: tuple[int, ...]
-    average_over: int
-
-    def run(self, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
-        """Reduces ``src`` into ``dst`` (may be ``src``; both of the plan's shape), as the ring backend's
-        ``all_reduce`` would.
-
-        Raises:
-            CollectiveMismatchError (keyed by local rank: see :func:`global_mismatch`) /
-            CollectiveTimeoutError / the group's failure.
-        """
-        self.group.run_all_reduce(self.plan, src, dst, deadline)
-        if self.average_over:
-            finish_average(dst, self.average_over)
-
-
-class SharedBroadcast(NamedTuple):
-    """A small broadcast over one host's shared memory, prepared by the ring backend's
-    ``shared_broadcast`` (``watch`` and ``local`` as in :class:`SharedAllReduce`)."""
-
-    group: LocalGroup
-    watch: CallWatch
-    plan: SmallBroadcast
-    local: tuple[int, ...]
-
-    def run(self, buf: np.ndarray, deadline: float) -> None:
-        """Reads ``buf`` on the root, writes it everywhere else, as the ring backend's ``broadcast`` would.
-
-        Raises:
-            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
-        """
-        self.group.run_broadcast(self.plan, buf, deadline)
-
-
-class SharedAllGather(NamedTuple):
-    """A small all_gather over one host's shared memory (``watch`` and ``local`` as in
-    :class:`SharedAllReduce`)."""
-
-    group: LocalGroup
-    watch: CallWatch
-    plan: SmallAllGather
-    local: tuple[int, ...]
-
-    def run(self, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
-        """Gathers every local rank's ``src`` (flat) into ``dst`` (flat, sharing no memory with ``src``),
-        as the ring backend's ``all_gather`` would.
-
-        Raises:
-            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
-        """
-        self.group.run_all_gather(self.plan, src, dst, deadline)
-
-
-class SharedReduceScatter(NamedTuple):
-    """A small reduce_scatter over one host's shared memory (``watch``, ``local`` and ``average_over`` as
-    in :class:`SharedAllReduce`)."""
-
-    group: LocalGroup
-    watch: CallWatch
-    plan: SmallReduceScatter
-    local: tuple[int, ...]
-    average_over: int
-
-    def run(self, src: np.ndarray, dst: np.ndarray, deadline: float) -> None:
-        """Reduces every local rank's ``src`` (flat) and writes this rank's block into ``dst`` (flat,
-        sharing no memory with ``src``), as the ring backend's ``reduce_scatter`` would.
-
-        Raises:
-            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
-        """
-        self.group.run_reduce_scatter(self.plan, src, dst, deadline)
-        if self.average_over:
-            finish_average(dst, self.average_over)
-
-
-class SharedBarrier(NamedTuple):
-    """A barrier over one host's shared memory (``watch`` and ``local`` as in :class:`SharedAllReduce`)."""
-
-    group: LocalGroup
-    watch: CallWatch
-    plan: SmallBarrier
-    local: tuple[int, ...]
-
-    def run(self, deadline: float) -> None:
-        """Returns once every local rank passed the same barrier, as the ring backend's ``barrier`` would.
-
-        Raises:
-            CollectiveMismatchError (keyed by local rank) / CollectiveTimeoutError / the group's failure.
-        """
-        self.group.run_barrier(self.plan, deadline)
