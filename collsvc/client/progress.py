@@ -74,9 +74,7 @@ class ProgressTracker:
     def start(self, group: str, seq: int, op: str) -> OpRecord:
         record = OpRecord(group, seq, op, time.time())
         with self._lock:
-            entry = self._groups.get(group)
-            if entry is None:
-                entry = self._groups[group] = [0, 0, ""]
+            entry = self._entry(group)
             if seq > entry[0]:
                 entry[0] = seq
             self._recent.append(record)
@@ -85,9 +83,7 @@ class ProgressTracker:
     def stream(self, group: str) -> StreamProgress:
         """A recorder of ``group``'s calls for one thread running them in order (see :class:`StreamProgress`)."""
         with self._lock:
-            entry = self._groups.get(group)
-            if entry is None:
-                entry = self._groups[group] = [0, 0, ""]
+            entry = self._entry(group)
         return StreamProgress(group, entry, self._recent)
 
     def finish(self, record: OpRecord, outcome: str = "ok") -> None:
@@ -96,12 +92,17 @@ class ProgressTracker:
             record.seconds = seconds
             record.outcome = outcome
             if outcome == "ok":
-                entry = self._groups.get(record.group)
-                if entry is None:
-                    entry = self._groups[record.group] = [0, 0, ""]
+                entry = self._entry(record.group)
                 if record.seq > entry[1]:
                     entry[1] = record.seq
                 entry[2] = record.op
+
+    def _entry(self, group: str) -> list[Any]:
+        """``group``'s [started_seq, finished_seq, last_op], made if new (the caller holds the lock)."""
+        entry = self._groups.get(group)
+        if entry is None:
+            entry = self._groups[group] = [0, 0, ""]
+        return entry
 
     def snapshot(self) -> list[common_pb2.Progress]:
         with self._lock:

@@ -88,10 +88,6 @@ def bus_bytes(op: str, nbytes: int, size: int) -> float:
 _COUNT, _FAILED, _BYTES, _SECONDS, _BUS, _BUCKETS = range(6)
 
 
-def _new_totals() -> list[Any]:
-    return [0, 0, 0, 0.0, 0.0, [0] * (len(SECONDS_BUCKETS) + 1)]
-
-
 class RepeatedCallCounter:
     """Counts finished calls of one (op, group) and size into the running totals, for one thread that
     records many (the Communicator's fast path): no lookup and no lock per call.
@@ -127,22 +123,16 @@ class CollectiveStats:
         """A counter of ``op`` calls in ``group`` of ``nbytes`` (``bus`` from :func:`bus_bytes`), or None
         when no more (op, group) pairs are kept (:data:`MAX_ENTRIES`; :meth:`record` drops them too)."""
         with self._lock:
-            totals = self._totals.get((op, group))
-            if totals is None:
-                if len(self._totals) >= MAX_ENTRIES:
-                    return None
-                totals = self._totals[(op, group)] = _new_totals()
-        return RepeatedCallCounter(totals, nbytes, bus)
+            totals = self._kept_totals(op, group)
+        return None if totals is None else RepeatedCallCounter(totals, nbytes, bus)
 
     def record(self, op: str, group: str, nbytes: int, seconds: float, bus: float, ok: bool) -> None:
         """Adds one finished call (``bus`` from :func:`bus_bytes`; ``ok`` False for a call that raised)."""
         bucket = bisect.bisect_left(SECONDS_BUCKETS, seconds)
         with self._lock:
-            totals = self._totals.get((op, group))
+            totals = self._kept_totals(op, group)
             if totals is None:
-                if len(self._totals) >= MAX_ENTRIES:
-                    return
-                totals = self._totals[(op, group)] = _new_totals()
+                return
             totals[_COUNT] += 1
             if not ok:
                 totals[_FAILED] += 1
@@ -150,6 +140,16 @@ class CollectiveStats:
             totals[_SECONDS] += seconds
             totals[_BUS] += bus
             totals[_BUCKETS][bucket] += 1
+
+    def _kept_totals(self, op: str, group: str) -> list[Any] | None:
+        """The running totals of (``op``, ``group``), made if new, or None when :data:`MAX_ENTRIES` pairs
+        are kept already (the caller holds the lock)."""
+        totals = self._totals.get((op, group))
+        if totals is None:
+            if len(self._totals) >= MAX_ENTRIES:
+                return None
+            totals = self._totals[(op, group)] = [0, 0, 0, 0.0, 0.0, [0] * (len(SECONDS_BUCKETS) + 1)]
+        return totals
 
     def snapshot(self) -> list[common_pb2.CollectiveStats]:
         """The totals as heartbeat messages (one per (op, group))."""

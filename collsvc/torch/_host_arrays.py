@@ -37,27 +37,26 @@ def host_array(tensor: torch.Tensor, *, held: bool = False) -> np.ndarray | None
     does not keep the tensor alive. The kept view is used only while the tensor is the same object at
     the same address with the same shape, strides and dtype.
     """
-    if not held:
-        view = torch_cpu_view(tensor.detach() if tensor.requires_grad else tensor)
-        return view if view is not None and view.flags.c_contiguous else None
     views = _recent.views
-    kept = views.get(id(tensor))
-    if kept is not None:
-        ref, address, shape, strides, dtype, view = kept
-        if (
-            ref() is tensor
-            and tensor.data_ptr() == address
-            and tensor.shape == shape
-            and tensor.stride() == strides
-            and tensor.dtype is dtype
-        ):
-            return view
-    made = torch_cpu_view(tensor.detach() if tensor.requires_grad else tensor, owning=False)
+    if held:
+        kept = views.get(id(tensor))
+        if kept is not None:
+            ref, address, shape, strides, dtype, view = kept
+            if (
+                ref() is tensor
+                and tensor.data_ptr() == address
+                and tensor.shape == shape
+                and tensor.stride() == strides
+                and tensor.dtype is dtype
+            ):
+                return view
+    made = torch_cpu_view(tensor.detach() if tensor.requires_grad else tensor, owning=not held)
     if made is None or not made.flags.c_contiguous:
         return None
-    if len(views) >= _KEPT_VIEWS:
-        views.clear()
-    views[id(tensor)] = (weakref.ref(tensor), tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, made)
+    if held:
+        if len(views) >= _KEPT_VIEWS:
+            views.clear()
+        views[id(tensor)] = (weakref.ref(tensor), tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, made)
     return made
 
 
