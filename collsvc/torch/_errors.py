@@ -52,13 +52,14 @@ def to_torch_error(error: CollsvcError) -> CollsvcError:
     return converted
 
 
-def translated(fn: F) -> F:
-    """Decorates a method so that collsvc errors it raises leave it as torch-facing errors."""
+def translated(fn: F, run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None) -> F:
+    """Decorates a method so that collsvc errors it raises leave it as torch-facing errors; ``run(fn, args,
+    kwargs)``, when given, calls it (in the same frame: process-group methods run on every collective)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            return fn(*args, **kwargs) if run is None else run(fn, args, kwargs)
         except CollsvcError as exc:
             converted = to_torch_error(exc)
             if converted is exc:

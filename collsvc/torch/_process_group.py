@@ -11,8 +11,8 @@ which waits at once anyway: its calls run inline on the caller's thread.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -20,13 +20,22 @@ import torch.distributed as dist
 import collsvc.torch._collectives as ops
 from collsvc.torch._errors import translated
 from collsvc.torch._p2p import PointToPoint
-from collsvc.torch._streams import current, on_caller_stream
-from collsvc.torch._work import AnySourceWork, CollsvcWork, Finisher
+from collsvc.torch._streams import current, run_on_caller_stream
+from collsvc.torch._work import AnySourceWork, CollsvcWork, Finished, Finisher
 
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
     from collsvc.client.communicator import Communicator
 
 BACKEND_NAME = "collsvc"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _collective(fn: F) -> F:
+    """Decorates a collective method: it runs on the caller's CUDA stream (``run_on_caller_stream``) and
+    raises collsvc errors as torch-facing ones (``translated``), one wrapper for both."""
+    return translated(fn, run_on_caller_stream)
+
 
 # torch's stubs declare each method with overloads that its Python trampoline never calls; subclassing
 # through Any keeps our signatures (the ones the trampoline does call) free of them.
@@ -89,44 +98,41 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         return self._inline_issuer if ops.caller_waits(opts) else self._async_issuer
 
     def _work(self, calls: Sequence[Any], outputs: list[torch.Tensor], finish: Finisher | None, what: str) -> Any:
-        return CollsvcWork(calls, outputs, finish, what + self._where, self._wait_limit, current())
+        stream = current()
+        if finish is None and stream is None and len(calls) == 1 and type(calls[0]) is Finished:
+            return CollsvcWork.completed(outputs, what + self._where)  # a synchronous call on CPU tensors
+        return CollsvcWork(calls, outputs, finish, what + self._where, self._wait_limit, stream)
 
     # ---- reductions ------------------------------------------------------------------------------
-    @translated
-    @on_caller_stream
+    @_collective
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = (opts or dist.AllreduceOptions()).reduceOp
         return self._work(*ops.all_reduce(self._ops(opts), tensors, op), "allreduce")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = (opts or dist.AllreduceCoalescedOptions()).reduceOp
         return self._work(*ops.all_reduce(self._ops(opts), tensors, op), "allreduce_coalesced")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts or dist.ReduceOptions()
         return self._work(*ops.reduce(self._ops(opts), ops.single(tensors), opts.rootRank, opts.reduceOp), "reduce")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         op = (opts or dist.ReduceScatterOptions()).reduceOp
         parts = ops.reduce_scatter_list(self._ops(opts), ops.single(outputs), inputs[0], op)
         return self._work(*parts, "reduce_scatter")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         op = (opts or dist.ReduceScatterOptions()).reduceOp
         return self._work(*ops.reduce_scatter(self._ops(opts), output, input, op), "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
-    @translated
-    @on_caller_stream
+    @_collective
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -137,26 +143,22 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # ---- broadcast and gathers -------------------------------------------------------------------
-    @translated
-    @on_caller_stream
+    @_collective
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = opts or dist.BroadcastOptions()
         return self._work(*ops.broadcast(self._ops(opts), tensors, opts.rootRank), "broadcast")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._work(*ops.all_gather_list(self._ops(opts), ops.single(outputs), ops.single(inputs)), "allgather")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         return self._work(*ops.all_gather(self._ops(opts), output, input), "all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
-    @translated
-    @on_caller_stream
+    @_collective
     def allgather_coalesced(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -169,8 +171,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         parts = [ops.all_gather_list(issuer, [per_rank[j] for per_rank in outputs], t) for j, t in enumerate(inputs)]
         return self._work(*ops.merge(parts), "allgather_coalesced")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -179,23 +180,20 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    @translated
-    @on_caller_stream
+    @_collective
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         root = (opts or dist.GatherOptions()).rootRank
         listed = outputs[0] if outputs else []
         return self._work(*ops.gather(self._ops(opts), listed, ops.single(inputs), root), "gather")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         root = (opts or dist.ScatterOptions()).rootRank
         listed = inputs[0] if inputs else []
         return self._work(*ops.scatter(self._ops(opts), ops.single(outputs), listed, root), "scatter")
 
     # ---- all to all ------------------------------------------------------------------------------
-    @translated
-    @on_caller_stream
+    @_collective
     def all_to_all_single(
         self,
         output: torch.Tensor,
@@ -209,26 +207,22 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
 
     alltoall_base = all_to_all_single
 
-    @translated
-    @on_caller_stream
+    @_collective
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._work(*ops.all_to_all_list(self._ops(opts), outputs, inputs), "alltoall")
 
     # ---- point to point --------------------------------------------------------------------------
-    @translated
-    @on_caller_stream
+    @_collective
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         tensor = ops.single(tensors)
         return self._work([self._p2p.send(tensor, dst, tag)], [tensor], None, f"send to {dst} (tag {tag})")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
         tensor = ops.single(tensors)
         return self._work([self._p2p.recv(tensor, src, tag)], [tensor], None, f"recv from {src} (tag {tag})")
 
-    @translated
-    @on_caller_stream
+    @_collective
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
         tensor = ops.single(tensors)
         description = f"recv from any rank (tag {tag}) in group '{self._comm.name}' (rank {self._comm.rank})"

@@ -19,16 +19,21 @@ Nothing here touches CUDA for CPU tensors: the check is ``torch.cuda.is_initiali
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import torch
 
-F = TypeVar("F", bound=Callable[..., Any])
 
-_local = threading.local()
+class _CallerState(threading.local):
+    """Per thread: the caller's stream of the process-group method running on it (None: CPU tensors or
+    no method). A class default, so reading it when unset costs no failed lookup."""
+
+    stream: CallerStream | None = None
+
+
+_local = _CallerState()
 
 
 class CallerStream:
@@ -118,28 +123,25 @@ def caller_stream_of(values: tuple[Any, ...]) -> CallerStream | None:
 
 def current() -> CallerStream | None:
     """The caller's stream of the process-group method running on this thread, if its tensors are CUDA."""
-    stream: CallerStream | None = getattr(_local, "stream", None)
-    return stream
+    return _local.stream
 
 
-def on_caller_stream(fn: F) -> F:
-    """Decorates a process-group method: while it runs, torch's current stream of its tensors' device is
-    CuPy's current stream too, and :func:`current` returns it (None for CPU tensors)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        stream = caller_stream_of(args[1:])
-        if stream is None:
+def run_on_caller_stream(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn(*args, **kwargs)``, a process-group method called with ``args``: while it runs, torch's current
+    stream of its tensors' device is CuPy's current stream too, and :func:`current` returns it (for CPU
+    tensors, a plain call)."""
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return fn(*args, **kwargs)  # no CUDA tensor can exist in this process yet
+    stream = caller_stream_of(args[1:])
+    if stream is None:
+        return fn(*args, **kwargs)
+    previous = current()
+    _local.stream = stream
+    try:
+        with stream.entered_for_cupy():  # torch's current stream is this one already
             return fn(*args, **kwargs)
-        previous = current()
-        _local.stream = stream
-        try:
-            with stream.entered_for_cupy():  # torch's current stream is this one already
-                return fn(*args, **kwargs)
-        finally:
-            _local.stream = previous
-
-    return cast(F, wrapper)
+    finally:
+        _local.stream = previous
 
 
 def run_on(stream: CallerStream | None, fn: Callable[[], Any]) -> Any:

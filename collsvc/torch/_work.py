@@ -43,6 +43,20 @@ class Finished:
 # The done-state of every Work whose calls all finished before it was made: set once, never cleared.
 _ALREADY_DONE = threading.Event()
 _ALREADY_DONE.set()
+# The state of such a Work but its outputs and description. One lock serves all of them: get_future
+# holds it only to make the Work's Future, at most once per Work.
+_COMPLETED_STATE: dict[str, Any] = {
+    "_stream": None,
+    "_finish": None,
+    "_timeout": None,
+    "_future": None,
+    "_error": None,
+    "_lock": threading.Lock(),
+    "_future_requested": False,
+    "_calls": (),
+    "_pending": 0,
+    "_done": _ALREADY_DONE,
+}
 
 
 def _done_future(value: Any) -> concurrent.futures.Future[Any]:
@@ -119,8 +133,16 @@ class CollsvcWork(_Work):  # type: ignore[misc]
 
     @classmethod
     def completed(cls, outputs: list[torch.Tensor], description: str) -> CollsvcWork:
-        """A Work for an operation that already finished in the caller's thread."""
-        return cls((), outputs, None, description, None)
+        """A Work for an operation that already finished on the caller's thread with nothing left to run
+        (its outputs written): every synchronous collective on CPU tensors returns one, so it sets only
+        the state the methods read, in one step (a third of the general constructor's cost)."""
+        work = cls.__new__(cls)
+        _Work.__init__(work)
+        state = work.__dict__
+        state.update(_COMPLETED_STATE)
+        state["_outputs"] = outputs
+        state["_description"] = description
+        return work
 
     def _one_done(self, _: concurrent.futures.Future[Any]) -> None:
         with self._lock:

@@ -51,11 +51,13 @@ class ArrivalBoard:
 
     def __init__(self, segments: list[Segment], rank: int, bell: Doorbell) -> None:
         self._segments = segments
-        self._own = segments[rank]
-        self._peers = [(peer, segment) for peer, segment in enumerate(segments) if peer != rank]
-        self._peer_words = [segment.reached for _, segment in self._peers]
-        self._slots = tuple(slot.data for slot in self._own.descriptors)
-        self._peer_slots = tuple([s.descriptors[parity].data for _, s in self._peers] for parity in (0, 1))
+        own = segments[rank]
+        self._reached, self._sleeping = own.reached, own.sleeping
+        peers = [(peer, segment) for peer, segment in enumerate(segments) if peer != rank]
+        self._peer_words = [segment.reached for _, segment in peers]
+        self._peer_sleeping = [(peer, segment.sleeping) for peer, segment in peers]
+        self._slots = tuple(slot.data for slot in own.descriptors)
+        self._peer_slots = tuple([s.descriptors[parity].data for _, s in peers] for parity in (0, 1))
         self._bell = bell
         self._fence_lock = threading.Lock()
         self._last_framed = (b"", _LENGTH.pack(0))
@@ -69,17 +71,16 @@ class ArrivalBoard:
         Raises:
             Whatever ``check`` raises (it runs whenever a sleeping wait wakes without the arrivals).
         """
-        own = self._own
         framed = self._framed_body(body)
         self._slots[generation % 2][: len(framed)] = framed
-        own.reached[0] = generation
+        self._reached[0] = generation
         self._fence()
         if self._arrived(generation):
             # The last to arrive (or one of the last: each sees the others' words after its fence)
             # wakes the sleepers; earlier arrivals leave them asleep, so a barrier pokes each at most once
             # per rank that completes it, not once per arrival.
-            for peer, segment in self._peers:
-                if segment.sleeping[0]:
+            for peer, sleeping in self._peer_sleeping:
+                if sleeping[0]:
                     self._bell.poke(peer)
             return True
         if spin > 0:
@@ -88,12 +89,12 @@ class ArrivalBoard:
                 os.sched_yield()
                 if self._arrived(generation):
                     return True
-        own.sleeping[0] = generation
+        self._sleeping[0] = generation
         self._fence()
         try:
             return self._bell.wait(lambda: self._arrived(generation), deadline, check, 0.0)
         finally:
-            own.sleeping[0] = 0
+            self._sleeping[0] = 0
 
     def agree(self, generation: int, body: bytes) -> bool:
         """Whether every peer published ``body`` at barrier ``generation`` (no copies of the others')."""

@@ -90,10 +90,11 @@ class Segment:
     layout: Layout
     _map: mmap.mmap
     _bytes: np.ndarray
-    #: word 0 of the control block: the last barrier generation the owner reached
-    reached: np.ndarray
+    #: word 0 of the control block: the last barrier generation the owner reached (a one-item view of
+    #: unsigned 64-bit words: reading ``reached[0]`` gives an int at half the cost of a numpy item)
+    reached: memoryview
     #: word 1: the barrier generation the owner sleeps waiting for (0: awake, it needs no wake-up)
-    sleeping: np.ndarray
+    sleeping: memoryview
     #: per parity, the owner's descriptor slot: a little-endian uint32 length, then the bytes
     descriptors: tuple[np.ndarray, np.ndarray]
     _typed: dict[np.dtype, SegmentViews] = field(default_factory=dict)
@@ -133,7 +134,8 @@ class Segment:
         mapped = mmap.mmap(fd, layout.size, flags=flags, prot=prot)
         raw = np.frombuffer(mapped, dtype=np.uint8)
         slots = (raw[_ALIGN : 2 * _ALIGN], raw[2 * _ALIGN : CONTROL_BYTES])
-        return cls(layout, mapped, raw, raw[:8].view(np.uint64), raw[8:16].view(np.uint64), slots)
+        words = memoryview(mapped)[:16].cast("Q")
+        return cls(layout, mapped, raw, words[0:1], words[1:2], slots)
 
     def views(self, dtype: np.dtype) -> SegmentViews:
         """The input and result slots as arrays of ``dtype`` (cached per dtype)."""
