@@ -8,19 +8,21 @@ of its group and runs on the job's ordered executor. The array plumbing of each 
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from collsvc.arrays import adapt
 from collsvc.client import any_source, bucketing, objects, ops
 from collsvc.client.backends.base import Backend, Call, GroupSpec
 from collsvc.client.devices import caller_gpu_context
-from collsvc.client.fast_path import BARRIER, RepeatedCalls
+from collsvc.client.fast_path import BARRIER, NOT_RUN, RepeatedCalls
 from collsvc.client.job import Job
 from collsvc.client.job_handle import JobHandle
+from collsvc.client.numbering import StreamNumbers
 from collsvc.client.work import Work
 from collsvc.errors import AbortedError, CollsvcError
 from collsvc.proto.v1 import coordinator_pb2
@@ -57,12 +59,12 @@ class Communicator:
         self.num_nodes = len(node_order)
         self._spec = GroupSpec(name, self._ranks, self.rank)
         self._lock = threading.Lock()
-        self._seqs: dict[str, int] = {}
-        self._barriers = 0
+        self._numbers = StreamNumbers()
+        self._barrier_numbers = itertools.count(1)
         self._groups = 0
         self._closed = False
         self._intra: Communicator | None = None
-        self._repeated = RepeatedCalls(job, self._spec, name, self._check_usable, self._next_seq)
+        self._repeated = RepeatedCalls(job, self._spec, name, self._check_usable, self._numbers.next)
         self._inter: Communicator | None = None
 
     def __repr__(self) -> str:
@@ -95,12 +97,6 @@ class Communicator:
             raise CollsvcError(f"communicator '{self.name}' is closed")
         self._job.check_usable(self._members)
 
-    def _next_seq(self, stream: str) -> int:
-        with self._lock:
-            seq = self._seqs.get(stream, 0) + 1
-            self._seqs[stream] = seq
-            return seq
-
     def _issue(self, planned: ops.Planned, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Numbers a planned call and runs its body in issue order; maps failures for every rank.
 
@@ -110,7 +106,7 @@ class Communicator:
         self._check_usable()
         signature, body = planned.signature, planned.body
         stream = planned.stream or self.name
-        seq = self._next_seq(stream)
+        seq = self._numbers.next(stream)
         backend = self._job.backend_for(planned.on_gpu)
         group = planned.spec or self._spec
         description = signature.text
@@ -125,15 +121,9 @@ class Communicator:
             return Work(self._job.executor.submit(execute), f"{description} #{seq} in group '{self.name}'")
         return self._job.executor.run(execute)
 
-    def _repeatable(
-        self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, plan: Callable[[], ops.Planned]
-    ) -> Any:
-        """Issues the call ``plan`` makes, or runs it on the fast path for repeated calls
-        (``client/fast_path.py``) where it may take it; teaches that path otherwise."""
-        ran, result = self._repeated.run(kind, x, arg, out, async_op)
-        if ran:
-            return result
-        planned = plan()
+    def _learned(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, planned: ops.Planned) -> Any:
+        """Issues ``planned``, a call the fast path for repeated calls (``client/fast_path.py``) did not
+        run, and teaches that path such calls."""
         result = self._issue(planned, async_op=async_op)
         self._repeated.learn(kind, x, arg, out, async_op, planned.signature)
         return result
@@ -159,7 +149,10 @@ class Communicator:
             ValueError: ``out`` has the wrong shape.
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: see API.md.
         """
-        return self._repeatable("all_reduce", x, op, out, async_op, lambda: ops.all_reduce(self._view, x, op, out=out))
+        result = self._repeated.run("all_reduce", x, op, out, async_op)
+        if result is NOT_RUN:
+            result = self._learned("all_reduce", x, op, out, async_op, ops.all_reduce(self._view, x, op, out=out))
+        return result
 
     def reduce(self, x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Only ``dst`` gets the reduction; other ranks get None (their ``out`` untouched).
@@ -177,9 +170,10 @@ class Communicator:
             TypeError / ValueError: unsupported array, wrong ``out``, or ``src`` out of range.
         """
         root = self._group_rank(src, "src")
-        return self._repeatable(
-            "broadcast", x, root, out, async_op, lambda: ops.broadcast(self._view, x, root, out=out)
-        )
+        result = self._repeated.run("broadcast", x, root, out, async_op)
+        if result is NOT_RUN:
+            result = self._learned("broadcast", x, root, out, async_op, ops.broadcast(self._view, x, root, out=out))
+        return result
 
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Every rank's ``x`` concatenated along axis 0 in rank order (0-d arrays count as shape (1,)).
@@ -187,7 +181,10 @@ class Communicator:
         Raises:
             TypeError / ValueError: unsupported array, or ``out`` of the wrong shape.
         """
-        return self._repeatable("all_gather", x, None, out, async_op, lambda: ops.all_gather(self._view, x, out=out))
+        result = self._repeated.run("all_gather", x, None, out, async_op)
+        if result is NOT_RUN:
+            result = self._learned("all_gather", x, None, out, async_op, ops.all_gather(self._view, x, out=out))
+        return result
 
     def reduce_scatter(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
         """Rank r gets block r (along axis 0) of the reduction.
@@ -195,8 +192,11 @@ class Communicator:
         Raises:
             ValueError: ``x.shape[0]`` is not divisible by the size, or ``out`` has the wrong shape.
         """
-        plan = lambda: ops.reduce_scatter(self._view, x, op, out=out)  # noqa: E731 - built per call, cheaply
-        return self._repeatable("reduce_scatter", x, op, out, async_op, plan)
+        result = self._repeated.run("reduce_scatter", x, op, out, async_op)
+        if result is NOT_RUN:
+            planned = ops.reduce_scatter(self._view, x, op, out=out)
+            result = self._learned("reduce_scatter", x, op, out, async_op, planned)
+        return result
 
     def gather(self, x: Any, dst: int, *, out: Any = None, async_op: bool = False) -> Any:
         """Like all_gather, with the result on ``dst`` only (None elsewhere)."""
@@ -253,12 +253,8 @@ class Communicator:
             raise ValueError("recv_any cannot receive into a GPU array on the NCCL backend (NCCL needs a source)")
         self._check_usable()
         limit = self._job.options.timeout if timeout is None else timeout
-        source = any_source.first_sender(self._view, self._job.mailbox, self._peek_seq, tag, limit)
+        source = any_source.first_sender(self._view, self._job.mailbox, self._numbers.peek, tag, limit)
         return source, self.recv(source, tag, out=out, shape=shape, dtype=dtype)
-
-    def _peek_seq(self, stream: str) -> int:
-        with self._lock:
-            return self._seqs.get(stream, 0) + 1
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns when every rank of this communicator entered the barrier.
@@ -270,9 +266,7 @@ class Communicator:
         wait = self._job.options.timeout if timeout is None else float(timeout)
         if not wait > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        with self._lock:
-            self._barriers += 1
-            generation = self._barriers
+        generation = next(self._barrier_numbers)  # the coordinator's barrier generation (no lock: see numbering.py)
         if self._repeated.barrier(wait):
             return
 
@@ -396,5 +390,6 @@ class Communicator:
     def close(self) -> None:
         """Leaves cleanly. Closing the world communicator leaves the job; a sub-communicator just closes."""
         self._closed = True
+        self._repeated.close()
         if self.name == WORLD:
             self._job.close()

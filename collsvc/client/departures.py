@@ -35,6 +35,9 @@ class Departures:
         self._listeners = tuple(listeners)
         self._lock = threading.Lock()
         self._errors: dict[int, RankFailedError] = {}  # insertion order: the order they left in
+        #: Whether any member left yet (read without a lock, as the Communicator's fast path does before
+        #: each call; set once the departure is recorded).
+        self.anyone_left = False
 
     def record(self, ranks: list[int], error: RankFailedError, finished: dict[int, dict[str, int]]) -> None:
         """Members ``ranks`` left; a call that needs one of them raises ``error``. ``finished``: their
@@ -42,6 +45,7 @@ class Departures:
         with self._lock:
             for rank in ranks:
                 self._errors.setdefault(rank, error)
+            self.anyone_left = bool(self._errors)
         for listener in self._listeners:
             listener.depart(ranks, error, finished)
 

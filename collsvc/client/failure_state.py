@@ -15,25 +15,27 @@ class FailureState:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._error: BaseException | None = None
+        #: The recorded failure, None until there is one (set once; read it without a lock, as the
+        #: Communicator's fast path does before each call).
+        self.recorded: BaseException | None = None
         self._listeners: list[Callable[[BaseException], None]] = []
 
     def error(self) -> BaseException | None:
-        return self._error
+        return self.recorded
 
     def add_listener(self, listener: Callable[[BaseException], None]) -> None:
         with self._lock:
             self._listeners.append(listener)
-            error = self._error
+            error = self.recorded
         if error is not None:
             listener(error)
 
     def set(self, error: BaseException) -> bool:
         """Records ``error`` unless a failure is already recorded; returns whether it was the first."""
         with self._lock:
-            if self._error is not None:
+            if self.recorded is not None:
                 return False
-            self._error = error
+            self.recorded = error
             listeners = list(self._listeners)
         for listener in listeners:
             listener(error)
@@ -41,5 +43,5 @@ class FailureState:
 
     def check(self) -> None:
         """Raises the recorded failure, if any (fail fast on every call after a failure)."""
-        if self._error is not None:
-            raise self._error
+        if self.recorded is not None:
+            raise self.recorded

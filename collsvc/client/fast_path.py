@@ -50,6 +50,8 @@ BARRIER = Signature.of("barrier", "", ())
 # What a Communicator keeps a fast path by: (collective, dtype, shape, op or root); a barrier's: no data.
 _Key = tuple[str, np.dtype | None, tuple[int, ...] | None, ReduceOp | int | None]
 _BARRIER_KEY: _Key = ("barrier", None, None, None)
+# What RepeatedCalls.run returns for a call it did not run (None is a result: a reduce's on other ranks).
+NOT_RUN: Any = object()
 
 
 class _Repeated:
@@ -296,36 +298,47 @@ class RepeatedCalls:
     ) -> None:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._next_seq = check_usable, next_seq
+        self._failure, self._departures = job.failure, job.departed
         self._known: dict[_Key, _Repeated | None] = {}
         self._enabled = fast_path_enabled()
 
-    def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> tuple[bool, np.ndarray | None]:
+    def close(self) -> None:
+        """The Communicator closed: every later call takes the general path (which raises that)."""
+        self._enabled = False
+        self._known = {}
+
+    def _check(self) -> None:
+        """Raises what the Communicator's usability check raises (the job's failure, a member's departure,
+        a closed job); the flags first, without a call, while none is set."""
+        if self._failure.recorded is not None or self._departures.anyone_left or self._job.closed:
+            self._check_usable()
+
+    def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> Any:
         """Runs a ``kind`` call ("all_reduce" or "reduce_scatter" with op ``arg``, "broadcast" from root
-        ``arg``, "all_gather" with ``arg`` None) on its fast
-        path if it has one and may take it now.
+        ``arg``, "all_gather" with ``arg`` None) on its fast path if it has one and may take it now.
 
         Returns:
-            (True, the result) when it ran, (False, None) when the general path must run it.
+            The result when it ran, :data:`NOT_RUN` when the general path must run it.
 
         Raises:
             As :meth:`_Repeated.run`, or the job's failure.
         """
         if async_op or type(x) is not np.ndarray:
-            return False, None
+            return NOT_RUN
         try:
             # Only calls that _may_repeat are learned, so an argument of another type finds nothing.
             repeated = self._known.get((kind, x.dtype, x.shape, arg))
         except TypeError:  # an unhashable op or root: the general path says what is wrong with it
-            return False, None
+            return NOT_RUN
         if (
             repeated is None
             or not x.flags.c_contiguous
             or not repeated.accepts(x, out)
             or not self._job.executor.idle  # earlier async calls first, in order
         ):
-            return False, None
-        self._check_usable()
-        return True, repeated.run(self._next_seq(self._stream), x, out)
+            return NOT_RUN
+        self._check()
+        return repeated.run(self._next_seq(self._stream), x, out)
 
     def barrier(self, limit: float) -> bool:
         """Passes a barrier of at most ``limit`` seconds on its fast path if it has one and may take it
@@ -337,7 +350,7 @@ class RepeatedCalls:
         repeated = self._known.get(_BARRIER_KEY)
         if repeated is None or not self._job.executor.idle:
             return False
-        self._check_usable()
+        self._check()
         repeated.run(self._next_seq(self._stream), None, None, limit)
         return True
 

@@ -89,27 +89,28 @@ _COUNT, _FAILED, _BYTES, _SECONDS, _BUS, _BUCKETS = range(6)
 
 
 class RepeatedCallCounter:
-    """Counts finished calls of one (op, group) and size into the running totals, for one thread that
-    records many (the Communicator's fast path): no lookup and no lock per call.
+    """Counts finished calls of one (op, group) and size, for one thread that records many (the
+    Communicator's fast path): no lookup and no lock per call, and only what varies per call (the count,
+    the seconds, the bucket) is added; :meth:`CollectiveStats.snapshot` adds these into the totals.
 
-    A call of one group runs on one thread at a time, so no other writer adds to these totals
-    meanwhile; a reader may see one call half counted (its count but not yet its seconds), which the
-    next heartbeat corrects.
+    A call of one group runs on one thread at a time, so no other writer adds to a counter meanwhile; a
+    reader may see one call half counted (its count but not yet its seconds), which the next heartbeat
+    corrects.
     """
 
-    __slots__ = ("_totals", "_nbytes", "_bus")
+    __slots__ = ("calls", "seconds", "buckets", "nbytes", "bus")
 
-    def __init__(self, totals: list[Any], nbytes: int, bus: float) -> None:
-        self._totals, self._nbytes, self._bus = totals, nbytes, bus
+    def __init__(self, nbytes: int, bus: float) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        self.buckets = [0] * (len(SECONDS_BUCKETS) + 1)
+        self.nbytes, self.bus = nbytes, bus
 
     def add(self, seconds: float) -> None:
         """One call that ended well after ``seconds``."""
-        totals = self._totals
-        totals[_COUNT] += 1
-        totals[_BYTES] += self._nbytes
-        totals[_SECONDS] += seconds
-        totals[_BUS] += self._bus
-        totals[_BUCKETS][bisect.bisect_left(SECONDS_BUCKETS, seconds)] += 1
+        self.calls += 1
+        self.seconds += seconds
+        self.buckets[bisect.bisect_left(SECONDS_BUCKETS, seconds)] += 1
 
 
 class CollectiveStats:
@@ -118,13 +119,21 @@ class CollectiveStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals: dict[tuple[str, str], list[Any]] = {}
+        # Per (op, group): the counters of its repeated calls, one per size (a group's calls run on one
+        # thread, so the fast paths of one size may share one).
+        self._counters: dict[tuple[str, str], dict[int, RepeatedCallCounter]] = {}
 
     def counter(self, op: str, group: str, nbytes: int, bus: float) -> RepeatedCallCounter | None:
         """A counter of ``op`` calls in ``group`` of ``nbytes`` (``bus`` from :func:`bus_bytes`), or None
         when no more (op, group) pairs are kept (:data:`MAX_ENTRIES`; :meth:`record` drops them too)."""
         with self._lock:
-            totals = self._kept_totals(op, group)
-        return None if totals is None else RepeatedCallCounter(totals, nbytes, bus)
+            if self._kept_totals(op, group) is None:
+                return None
+            by_size = self._counters.setdefault((op, group), {})
+            counter = by_size.get(nbytes)
+            if counter is None:
+                counter = by_size[nbytes] = RepeatedCallCounter(nbytes, bus)
+            return counter
 
     def record(self, op: str, group: str, nbytes: int, seconds: float, bus: float, ok: bool) -> None:
         """Adds one finished call (``bus`` from :func:`bus_bytes`; ``ok`` False for a call that raised)."""
@@ -151,22 +160,37 @@ class CollectiveStats:
             totals = self._totals[(op, group)] = [0, 0, 0, 0.0, 0.0, [0] * (len(SECONDS_BUCKETS) + 1)]
         return totals
 
+    def _with_counters(self, key: tuple[str, str], totals: list[Any]) -> list[Any]:
+        """``totals`` of ``key`` plus what its counters counted (a new list; the caller holds the lock)."""
+        count, failed, nbytes, seconds, bus, buckets = totals
+        buckets = list(buckets)
+        for counter in self._counters.get(key, {}).values():
+            calls = counter.calls
+            count += calls
+            nbytes += calls * counter.nbytes
+            seconds += counter.seconds
+            bus += calls * counter.bus
+            for index, bucket_count in enumerate(counter.buckets):
+                buckets[index] += bucket_count
+        return [count, failed, nbytes, seconds, bus, buckets]
+
     def snapshot(self) -> list[common_pb2.CollectiveStats]:
         """The totals as heartbeat messages (one per (op, group))."""
         with self._lock:
-            return [
-                common_pb2.CollectiveStats(
-                    op=op,
-                    group=group,
-                    count=t[_COUNT],
-                    bytes=t[_BYTES],
-                    seconds=t[_SECONDS],
-                    bucket_counts=t[_BUCKETS],
-                    bus_bytes=t[_BUS],
-                    failed=t[_FAILED],
-                )
-                for (op, group), t in self._totals.items()
-            ]
+            every = [(key, self._with_counters(key, t)) for key, t in self._totals.items()]
+        return [
+            common_pb2.CollectiveStats(
+                op=op,
+                group=group,
+                count=t[_COUNT],
+                bytes=t[_BYTES],
+                seconds=t[_SECONDS],
+                bucket_counts=t[_BUCKETS],
+                bus_bytes=t[_BUS],
+                failed=t[_FAILED],
+            )
+            for (op, group), t in every
+        ]
 
 
 class Histogram:

@@ -370,3 +370,52 @@ def test_a_barrier_on_the_fast_path_honours_its_timeout_and_names_the_late_rank(
     assert seen["type"] == "CollectiveTimeoutError", seen
     assert seen["ranks"] == [1], seen
     assert 1.0 <= seen["elapsed"] < 6.0, seen
+
+
+def fast_path_after_close_abort_and_departure(comm: collsvc.Communicator) -> dict[str, Any]:
+    """The checks a repeated call makes before it is numbered (flags read inline on the fast path) raise
+    what the general path raises: a closed communicator, a member that left, an aborted job."""
+    x = np.ones(8)
+    closing = comm.new_group([0, 1, 2], name="closing")
+    leaving = comm.new_group([0, 1, 2], name="leaving")
+    pair = comm.new_group([0, 1], name="pair")
+    assert closing is not None and leaving is not None
+    for group in (closing, leaving, pair):
+        for _ in range(3):
+            if group is not None:
+                group.all_reduce(x)
+                group.barrier()
+    assert closing._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM) and closing._repeated.has_fast_path("barrier")
+    closing.close()
+    seen: dict[str, Any] = {"closed": [attempt(closing.all_reduce, x), attempt(closing.barrier)]}
+    comm.barrier()
+    if comm.rank == 2:
+        comm.close()  # leaves the job cleanly
+        return seen
+    if comm.rank == 0:
+        seen["departed"] = attempt(leaving.all_reduce, x)
+        comm.job.store.set("departure-seen", b"1")
+    else:
+        comm.job.store.get("departure-seen", 30.0)
+    assert pair is not None
+    pair.barrier()
+    if comm.rank == 0:
+        comm.abort("stopped on purpose")
+    seen["aborted"] = attempt(pair.all_reduce, x)
+    return seen
+
+
+def test_a_closed_communicator_an_abort_and_a_departure_stop_the_fast_path_as_the_general_one() -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(
+            fast_path_after_close_abort_and_departure, 3, address=address, env=HOST, timeout=60, allow_failures=True
+        )
+    for rank, seen in enumerate(result.values):
+        for closed in seen["closed"]:
+            assert closed["type"] == "CollsvcError" and "is closed" in closed["message"], (rank, closed)
+    departed = result.values[0]["departed"]
+    assert departed["type"] == "RankFailedError" and departed["ranks"] == [2], departed
+    assert departed["elapsed"] < 5.0, departed
+    for rank in (0, 1):
+        aborted = result.values[rank]["aborted"]
+        assert aborted["type"] == "AbortedError" and "stopped on purpose" in aborted["message"], (rank, aborted)

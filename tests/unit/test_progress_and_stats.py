@@ -51,3 +51,22 @@ def test_no_counter_once_the_statistics_keep_no_more_pairs() -> None:
         assert stats.counter("barrier", f"g{group}", 0, 0.0) is not None
     assert stats.counter("barrier", "one-too-many", 0, 0.0) is None
     assert stats.counter("barrier", "g0", 0, 0.0) is not None  # a kept pair still counts
+
+
+def test_counters_of_one_pair_add_up_by_size_in_the_snapshot() -> None:
+    stats = CollectiveStats()
+    small = stats.counter("all_reduce", "world", 16, 24.0)
+    large = stats.counter("all_reduce", "world", 4096, 6144.0)
+    assert small is not None and large is not None and small is not large
+    assert stats.counter("all_reduce", "world", 16, 24.0) is small  # one writer per group: shared
+    small.add(0.001)
+    small.add(0.001)
+    large.add(0.5)
+    stats.record("all_reduce", "world", 16, 0.003, 24.0, False)
+    (totals,) = stats.snapshot()
+    assert (totals.count, totals.failed, totals.bytes) == (4, 1, 3 * 16 + 4096)
+    assert totals.bus_bytes == 3 * 24.0 + 6144.0
+    assert abs(totals.seconds - 0.505) < 1e-12
+    assert sum(totals.bucket_counts) == 4
+    large.add(0.5)  # later calls show in the next snapshot, the earlier one unchanged
+    assert stats.snapshot()[0].count == 5 and totals.count == 4

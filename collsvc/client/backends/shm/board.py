@@ -35,6 +35,8 @@ from collsvc.client.backends.shm.doorbell import Doorbell
 from collsvc.client.backends.shm.segment import DESCRIPTOR_BYTES, Segment
 
 _LENGTH = struct.Struct("<I")
+# How many framed descriptors a board keeps (then it starts over).
+_KEPT_BODIES = 64
 
 
 def memory_barriers_supported() -> bool:
@@ -60,7 +62,7 @@ class ArrivalBoard:
         self._peer_slots = tuple([s.descriptors[parity].data for _, s in peers] for parity in (0, 1))
         self._bell = bell
         self._fence_lock = threading.Lock()
-        self._last_framed = (b"", _LENGTH.pack(0))
+        self._framed: dict[bytes, bytes] = {}
 
     def barrier(self, generation: int, body: bytes, deadline: float, check: Callable[[], None], spin: float) -> bool:
         """Barrier ``generation``, publishing ``body`` (this step's descriptor, b"" for none).
@@ -116,12 +118,14 @@ class ArrivalBoard:
         return bodies
 
     def _framed_body(self, body: bytes) -> bytes:
-        """``body`` with its length in front, as the descriptor slots hold it (kept for the last body: a
-        repeated call publishes the same one every time)."""
-        last = self._last_framed
-        if last[0] is not body:
-            last = self._last_framed = (body, _LENGTH.pack(len(body)) + body)
-        return last[1]
+        """``body`` with its length in front, as the descriptor slots hold it (kept per body: repeated
+        calls publish the same few, alternating, e.g. a barrier's and an all_reduce's)."""
+        framed = self._framed.get(body)
+        if framed is None:
+            if len(self._framed) >= _KEPT_BODIES:
+                self._framed.clear()
+            framed = self._framed[body] = _LENGTH.pack(len(body)) + body
+        return framed
 
     def _arrived(self, generation: int) -> bool:
         for reached in self._peer_words:  # noqa: SIM110 - polled: a loop is cheaper than all()

@@ -249,11 +249,8 @@ class StepEngine:
                 [{"rank": r} for r in missing],
             )
         self._generation = generation
-        if body is not None:
-            if board is not None:
-                bodies = [body] if board.agree(generation, body) else board.bodies(generation)
-            else:
-                bodies = list(bell.bodies[generation % 2])
+        if body is not None and not (board is not None and board.agree(generation, body)):
+            bodies = board.bodies(generation) if board is not None else list(bell.bodies[generation % 2])
             if bodies.count(body) != len(bodies):
                 assert self._descriptions is not None  # set by _call, which gives the body
                 collective, dtype, count, op, root = self._descriptions
