@@ -64,7 +64,7 @@ class Communicator:
         self._groups = 0
         self._closed = False
         self._intra: Communicator | None = None
-        self._repeated = RepeatedCalls(job, self._spec, name, self._check_usable, self._numbers.next)
+        self._repeated = RepeatedCalls(job, self._spec, name, self._check_usable, self._numbers.of(name))
         self._inter: Communicator | None = None
 
     def __repr__(self) -> str:

@@ -285,7 +285,7 @@ class RepeatedCalls:
     Args:
         job / spec / stream: the Communicator's job, members and sequence stream.
         check_usable: raises the job's failure or a member's departure (before a call is numbered).
-        next_seq: numbers the next call of a stream.
+        number: numbers the next call of the Communicator's stream.
     """
 
     def __init__(
@@ -294,10 +294,10 @@ class RepeatedCalls:
         spec: GroupSpec,
         stream: str,
         check_usable: Callable[[], None],
-        next_seq: Callable[[str], int],
+        number: Callable[[], int],
     ) -> None:
         self._job, self._spec, self._stream = job, spec, stream
-        self._check_usable, self._next_seq = check_usable, next_seq
+        self._check_usable, self._number = check_usable, number
         self._failure, self._departures = job.failure, job.departed
         self._known: dict[_Key, _Repeated | None] = {}
         self._enabled = fast_path_enabled()
@@ -338,7 +338,7 @@ class RepeatedCalls:
         ):
             return NOT_RUN
         self._check()
-        return repeated.run(self._next_seq(self._stream), x, out)
+        return repeated.run(self._number(), x, out)
 
     def barrier(self, limit: float) -> bool:
         """Passes a barrier of at most ``limit`` seconds on its fast path if it has one and may take it
@@ -351,7 +351,7 @@ class RepeatedCalls:
         if repeated is None or not self._job.executor.idle:
             return False
         self._check()
-        repeated.run(self._next_seq(self._stream), None, None, limit)
+        repeated.run(self._number(), None, None, limit)
         return True
 
     def learn_barrier(self) -> None:

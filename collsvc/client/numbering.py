@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class StreamNumbers:
@@ -23,13 +23,23 @@ class StreamNumbers:
 
     def next(self, stream: str) -> int:
         """The number of ``stream``'s next call (1 for its first)."""
-        counter = self._counters.get(stream)
-        if counter is None:
-            with self._lock:
-                counter = self._counters.setdefault(stream, itertools.count(1))
-        seq = next(counter)
-        self._last[stream] = seq
+        counter = self._counters.get(stream) or self._counter(stream)
+        seq = self._last[stream] = next(counter)
         return seq
+
+    def of(self, stream: str) -> Callable[[], int]:
+        """:meth:`next` of ``stream`` as a function of no arguments (no lookup per call)."""
+        counter, last = self._counter(stream), self._last
+
+        def number() -> int:
+            seq = last[stream] = next(counter)
+            return seq
+
+        return number
+
+    def _counter(self, stream: str) -> Iterator[int]:
+        with self._lock:
+            return self._counters.setdefault(stream, itertools.count(1))
 
     def peek(self, stream: str) -> int:
         """The number :meth:`next` gives ``stream``'s next call, unless another thread numbers one of its

@@ -41,3 +41,10 @@ def test_threads_numbering_one_stream_get_every_number_once() -> None:
     every = sorted(n for mine in taken for n in mine)
     assert every == list(range(1, 20001))
     assert all(mine == sorted(mine) for mine in taken)  # each thread's own calls in its order
+
+
+def test_a_streams_number_function_shares_its_count_with_next_and_peek() -> None:
+    numbers = StreamNumbers()
+    number = numbers.of("world")
+    assert [number(), numbers.next("world"), number()] == [1, 2, 3]
+    assert numbers.peek("world") == 4 and numbers.next("other") == 1

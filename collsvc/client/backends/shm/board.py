@@ -63,6 +63,7 @@ class ArrivalBoard:
         self._bell = bell
         self._fence_lock = threading.Lock()
         self._framed: dict[bytes, bytes] = {}
+        self._published = b""  # the framed descriptor of this rank's last barrier
 
     def barrier(self, generation: int, body: bytes, deadline: float, check: Callable[[], None], spin: float) -> bool:
         """Barrier ``generation``, publishing ``body`` (this step's descriptor, b"" for none).
@@ -73,10 +74,12 @@ class ArrivalBoard:
         Raises:
             Whatever ``check`` raises (it runs whenever a sleeping wait wakes without the arrivals).
         """
-        framed = self._framed_body(body)
+        framed = self._published = self._framed_body(body)
         self._slots[generation % 2][: len(framed)] = framed
         self._reached[0] = generation
-        self._fence()
+        fence = self._fence_lock  # self._fence(), inline: every step passes here
+        fence.acquire()
+        fence.release()
         if self._arrived(generation):
             # The last to arrive (or one of the last: each sees the others' words after its fence)
             # wakes the sleepers; earlier arrivals leave them asleep, so a barrier pokes each at most once
@@ -98,9 +101,10 @@ class ArrivalBoard:
         finally:
             self._sleeping[0] = 0
 
-    def agree(self, generation: int, body: bytes) -> bool:
-        """Whether every peer published ``body`` at barrier ``generation`` (no copies of the others')."""
-        framed = self._framed_body(body)
+    def agree(self, generation: int) -> bool:
+        """Whether every peer published the descriptor this rank published at barrier ``generation``, its
+        last (no copies of the others')."""
+        framed = self._published
         end = len(framed)
         for slot in self._peer_slots[generation % 2]:  # noqa: SIM110 - polled: a loop is cheaper than all()
             if slot[:end] != framed:

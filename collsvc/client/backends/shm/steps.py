@@ -249,7 +249,7 @@ class StepEngine:
                 [{"rank": r} for r in missing],
             )
         self._generation = generation
-        if body is not None and not (board is not None and board.agree(generation, body)):
+        if body is not None and not (board is not None and board.agree(generation)):
             bodies = board.bodies(generation) if board is not None else list(bell.bodies[generation % 2])
             if bodies.count(body) != len(bodies):
                 assert self._descriptions is not None  # set by _call, which gives the body
