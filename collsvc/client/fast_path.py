@@ -63,6 +63,7 @@ class _Repeated:
         "_spec",
         "_stream",
         "_signature",
+        "_text",
         "_group",
         "_watch",
         "_local",
@@ -88,7 +89,7 @@ class _Repeated:
         self._job = job
         self._spec = spec
         self._stream = stream
-        self._signature = signature
+        self._signature, self._text = signature, signature.text
         self._group, self._watch, self._local = shared
         self._plan = plan
         self._average_over = average_over
@@ -114,7 +115,7 @@ class _Repeated:
         limit = self._limit if limit is None else limit
         deadline = time.monotonic() + limit
         started = time.time()
-        record = self._progress.start(seq, signature.text, started)
+        record = self._progress.start(seq, self._text, started)
         self._watch.follow_numbers(self._stream, seq, signature)
         try:
             result = self._move(x, out, deadline)
@@ -298,7 +299,7 @@ class RepeatedCalls:
     ) -> None:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._number = check_usable, number
-        self._failure, self._departures = job.failure, job.departed
+        self._failure, self._departures, self._executor = job.failure, job.departed, job.executor
         self._known: dict[_Key, _Repeated | None] = {}
         self._enabled = fast_path_enabled()
 
@@ -334,7 +335,7 @@ class RepeatedCalls:
             repeated is None
             or not x.flags.c_contiguous
             or not repeated.accepts(x, out)
-            or not self._job.executor.idle  # earlier async calls first, in order
+            or self._executor.queued  # earlier async calls first, in order (executor.idle, inline)
         ):
             return NOT_RUN
         self._check()
@@ -348,7 +349,7 @@ class RepeatedCalls:
             As :meth:`_Repeated.run`, or the job's failure.
         """
         repeated = self._known.get(_BARRIER_KEY)
-        if repeated is None or not self._job.executor.idle:
+        if repeated is None or self._executor.queued:
             return False
         self._check()
         repeated.run(self._number(), None, None, limit)

@@ -66,7 +66,9 @@ class OrderedExecutor:
     def __init__(self, name: str) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._lock = threading.Lock()
-        self._queued = 0
+        #: Operations submitted and not finished yet (changed under the lock; read without it: 0 means
+        #: a synchronous call may run inline now, see :attr:`idle`).
+        self.queued = 0
 
     def _wrap(self, fn: Callable[[], T]) -> Callable[[], T]:
         def run() -> T:
@@ -74,23 +76,23 @@ class OrderedExecutor:
                 return fn()
             finally:
                 with self._lock:
-                    self._queued -= 1
+                    self.queued -= 1
 
         return run
 
     def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         with self._lock:
-            self._queued += 1
+            self.queued += 1
         return self._pool.submit(self._wrap(fn))
 
     @property
     def idle(self) -> bool:
         """Whether nothing is queued or running here: a synchronous call may run inline now."""
-        return self._queued == 0
+        return self.queued == 0
 
     def run(self, fn: Callable[[], T]) -> T:
         with self._lock:
-            idle = self._queued == 0
+            idle = self.queued == 0
         if idle:
             return fn()
         return self.submit(fn).result()

@@ -155,7 +155,8 @@ class CallWatch:
 
     def check(self) -> None:
         """Raises the departure of a member that left without finishing the current call."""
-        self._groups._check_departures(self.members, self.stream, self.seq)
+        if self._groups._departed:  # none yet (every call asks): no call
+            self._groups._check_departures(self.members, self.stream, self.seq)
 
     def label(self) -> bytes:
         """The current call's full signature (JSON), for mismatch errors."""

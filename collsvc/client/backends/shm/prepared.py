@@ -92,17 +92,6 @@ class PreparedCalls(StepEngine):
             self._watch()
         return (self._generation + 1) % 2
 
-    def _one_step(self, body: bytes, descriptions: CallDescription, deadline: float) -> None:
-        """The prepared call's one step, as the general methods' ``_call`` scope (:class:`CallScope`) and
-        first ``_step`` take it: the descriptor ``body`` published and checked, ``descriptions`` naming
-        this rank's call."""
-        self._descriptions = descriptions
-        try:
-            self._step(deadline, body)
-        except BaseException as exc:
-            self._call_ended_in(exc)
-            raise
-
     # -- repeated barrier ----------------------------------------------------------------------------
 
     def prepare_barrier(self, digest: int) -> SmallBarrier | None:
@@ -124,7 +113,8 @@ class PreparedCalls(StepEngine):
             CollectiveMismatchError / CollectiveTimeoutError / the error given to :meth:`fail`.
         """
         self._begin()
-        self._one_step(plan.body, plan.descriptions, deadline)
+        self._descriptions = plan.descriptions
+        self._step(deadline, plan.body)
 
     # -- repeated small all_reduce -------------------------------------------------------------------
 
@@ -171,7 +161,8 @@ class PreparedCalls(StepEngine):
         """
         parity = self._begin()
         plan.own_inputs[parity][...] = src
-        self._one_step(plan.body, plan.descriptions, deadline)
+        self._descriptions = plan.descriptions
+        self._step(deadline, plan.body)
         parts = plan.parts[parity]
         # Into our slot of the other parity first, as _reduce does (same alignment on every rank).
         scratch = plan.own_inputs[1 - parity]
@@ -217,7 +208,8 @@ class PreparedCalls(StepEngine):
         parity = self._begin()
         if plan.is_root:
             plan.root_slots[parity][...] = buf
-        self._one_step(plan.body, plan.descriptions, deadline)
+        self._descriptions = plan.descriptions
+        self._step(deadline, plan.body)
         if not plan.is_root:
             buf[...] = plan.root_slots[parity]
 
@@ -255,7 +247,8 @@ class PreparedCalls(StepEngine):
         """
         parity = self._begin()
         plan.own_slots[parity][...] = src
-        self._one_step(plan.body, plan.descriptions, deadline)
+        self._descriptions = plan.descriptions
+        self._step(deadline, plan.body)
         count = src.size
         for rank, slot in plan.peer_slots[parity]:
             dst[rank * count : (rank + 1) * count] = slot
@@ -306,7 +299,8 @@ class PreparedCalls(StepEngine):
         count = dst.size
         for rank, slot in plan.own_slots[parity]:
             slot[...] = src[rank * count : (rank + 1) * count]
-        self._one_step(plan.body, plan.descriptions, deadline)
+        self._descriptions = plan.descriptions
+        self._step(deadline, plan.body)
         me = plan.rank
         parts = [src[me * count : (me + 1) * count] if block is None else block for block in plan.peer_blocks[parity]]
         reduce_parts(plan.op, dst, parts)

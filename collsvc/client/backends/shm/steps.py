@@ -227,35 +227,41 @@ class StepEngine:
         return CallScope(self, body)
 
     def _step(self, deadline: float, body: bytes | None) -> None:
-        """Barrier ``generation + 1``; with ``body`` (first step of a call), also checks descriptors."""
-        bell = self._bell
-        assert bell is not None  # only groups of two or more step
-        generation = self._generation + 1
-        board = self._board
-        if board is not None:
-            arrived = board.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds)
-        else:
-            self._segments[self._rank].reached[0] = generation
-            arrived = bell.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds)
-        if not arrived:
-            # Every rank records the step it reached in its segment: enough to name the late ones.
-            missing = [r for r, seg in enumerate(self._segments) if int(seg.reached[0]) < generation]
-            for rank in missing:
-                bell.poke(rank)  # finds the ranks whose inbox is gone
-            gone = sorted(bell.gone)
-            note = f" (local ranks {gone} closed their sockets: exited or closed the group)" if gone else ""
-            raise CollectiveTimeoutError(
-                f"{self._name}: local ranks {missing} did not reach step {generation} in time{note}",
-                [{"rank": r} for r in missing],
-            )
-        self._generation = generation
-        if body is not None and not (board is not None and board.agree(generation)):
-            bodies = board.bodies(generation) if board is not None else list(bell.bodies[generation % 2])
-            if bodies.count(body) != len(bodies):
-                assert self._descriptions is not None  # set by _call, which gives the body
-                collective, dtype, count, op, root = self._descriptions
-                mine = f"{collective} {dtype} x{count} op={op.name if op else '-'} root={root}"
-                raise describe_mismatch(self._name, bodies, mine, self._exchange_labels(deadline))
+        """Barrier ``generation + 1``; with ``body`` (first step of a call), also checks descriptors.
+        A step that raises anything but an agreed mismatch leaves the group out of step
+        (:meth:`_call_ended_in`, as :class:`CallScope` does for a whole call: a prepared call is one step)."""
+        try:
+            bell = self._bell
+            assert bell is not None  # only groups of two or more step
+            generation = self._generation + 1
+            board = self._board
+            if board is not None:
+                arrived = board.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds)
+            else:
+                self._segments[self._rank].reached[0] = generation
+                arrived = bell.barrier(generation, body or b"", deadline, self._check_failed, self.spin_seconds)
+            if not arrived:
+                # Every rank records the step it reached in its segment: enough to name the late ones.
+                missing = [r for r, seg in enumerate(self._segments) if int(seg.reached[0]) < generation]
+                for rank in missing:
+                    bell.poke(rank)  # finds the ranks whose inbox is gone
+                gone = sorted(bell.gone)
+                note = f" (local ranks {gone} closed their sockets: exited or closed the group)" if gone else ""
+                raise CollectiveTimeoutError(
+                    f"{self._name}: local ranks {missing} did not reach step {generation} in time{note}",
+                    [{"rank": r} for r in missing],
+                )
+            self._generation = generation
+            if body is not None and not (board is not None and board.agree(generation)):
+                bodies = board.bodies(generation) if board is not None else list(bell.bodies[generation % 2])
+                if bodies.count(body) != len(bodies):
+                    assert self._descriptions is not None  # set by _call, which gives the body
+                    collective, dtype, count, op, root = self._descriptions
+                    mine = f"{collective} {dtype} x{count} op={op.name if op else '-'} root={root}"
+                    raise describe_mismatch(self._name, bodies, mine, self._exchange_labels(deadline))
+        except BaseException as exc:
+            self._call_ended_in(exc)
+            raise
 
     def _exchange_labels(self, deadline: float) -> list[bytes]:
         """One more step, taken by every rank after the same mismatched barrier: each publishes its
