@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 
 from collsvc.client.backends.shm.doorbell import Doorbell
-from collsvc.client.backends.shm.segment import DESCRIPTOR_BYTES, Segment
+from collsvc.client.backends.shm.segment import DESCRIPTOR_BYTES, DESCRIPTOR_OFFSETS, Segment
 
 _LENGTH = struct.Struct("<I")
 # How many framed descriptors a board keeps (then it starts over).
@@ -59,7 +59,7 @@ class ArrivalBoard:
         self._peer_words = [segment.reached for _, segment in peers]
         self._peer_sleeping = [(peer, segment.sleeping) for peer, segment in peers]
         self._slots = tuple(slot.data for slot in own.descriptors)
-        self._peer_slots = tuple([s.descriptors[parity].data for _, s in peers] for parity in (0, 1))
+        self._peer_slots = tuple([(s.mapping, offset) for _, s in peers] for offset in DESCRIPTOR_OFFSETS)
         self._bell = bell
         self._fence_lock = threading.Lock()
         self._framed: dict[bytes, bytes] = {}
@@ -106,8 +106,8 @@ class ArrivalBoard:
         last (no copies of the others')."""
         framed = self._published
         end = len(framed)
-        for slot in self._peer_slots[generation % 2]:  # noqa: SIM110 - polled: a loop is cheaper than all()
-            if slot[:end] != framed:
+        for mapping, start in self._peer_slots[generation % 2]:  # noqa: SIM110 - a loop is cheaper than all()
+            if mapping[start : start + end] != framed:  # bytes from the mapping: half a memoryview compare
                 return False
         return True
 

@@ -27,6 +27,8 @@ _ALIGN = 64
 #: The control block: two words, then a descriptor slot per parity (a 4-byte length and the bytes).
 CONTROL_BYTES = 3 * _ALIGN
 DESCRIPTOR_BYTES = _ALIGN - 4
+#: Where the descriptor slot of each parity starts in a segment.
+DESCRIPTOR_OFFSETS = (_ALIGN, 2 * _ALIGN)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -88,7 +90,8 @@ class Segment:
     """One rank's mapped segment (writable for its owner, read-only for peers)."""
 
     layout: Layout
-    _map: mmap.mmap
+    #: the mapping itself (slicing it gives bytes: the cheapest way to read a peer's descriptor)
+    mapping: mmap.mmap
     _bytes: np.ndarray
     #: word 0 of the control block: the last barrier generation the owner reached (a one-item view of
     #: unsigned 64-bit words: reading ``reached[0]`` gives an int at half the cost of a numpy item)
@@ -133,7 +136,8 @@ class Segment:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         mapped = mmap.mmap(fd, layout.size, flags=flags, prot=prot)
         raw = np.frombuffer(mapped, dtype=np.uint8)
-        slots = (raw[_ALIGN : 2 * _ALIGN], raw[2 * _ALIGN : CONTROL_BYTES])
+        even, odd = DESCRIPTOR_OFFSETS
+        slots = (raw[even : even + _ALIGN], raw[odd : odd + _ALIGN])
         words = memoryview(mapped)[:16].cast("Q")
         return cls(layout, mapped, raw, words[0:1], words[1:2], slots)
 
@@ -160,7 +164,7 @@ class Segment:
         self._typed.clear()
         del self._bytes, self.reached, self.sleeping, self.descriptors
         try:
-            self._map.close()
+            self.mapping.close()
         except BufferError:  # someone still holds a view; the mapping goes with it
             return False
         return True
