@@ -39,4 +39,7 @@ timeout 120 "$py" -m collsvc bench -n 1 --device cuda --backend nccl --op all_re
     2>&1 | tee "$out/bench_nccl.txt"
 timeout 120 "$py" -m collsvc bench -n 2 --device cuda --backend ring --op all_reduce --sizes 4K:16M \
     2>&1 | tee "$out/bench_ring_cuda.txt"
+# The same ring with host arrays on this machine: what the CuPy run above adds is the host staging.
+timeout 120 "$py" -m collsvc bench -n 2 --device cpu --op all_reduce --sizes 4K:16M \
+    2>&1 | tee "$out/bench_ring_cpu.txt"
 exit "$status"

@@ -284,6 +284,8 @@ def _tensors_stay_resizable(rank: int, n: int) -> None:
 
 def _repeated_calls_take_the_fast_path(rank: int, n: int) -> None:
     # One CPU tensor goes to the Communicator as its numpy view: repeated calls skip the general layers.
+    # CUDA tensors (the GPU suite runs these checks with cuda as the default device) take the general
+    # path every call, through NCCL or host staging: only their results are checked.
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -303,6 +305,8 @@ def _repeated_calls_take_the_fast_path(rank: int, n: int) -> None:
         assert reduced.tolist() == [n * (n + 1) / 2] * 16 and sent.tolist() == [float(n - 1)] * 16
         assert gathered.tolist() == [[float(r)] * 16 for r in range(n)]
         assert scattered.tolist() == [(16 * rank + i) * n * (n + 1) / 2 for i in range(16)]
+    if reduced.device.type != "cpu":
+        return
     x = np.empty(16, np.float32)
     assert comm._repeated.has_fast_path("all_reduce", x, ReduceOp.SUM)
     assert comm._repeated.has_fast_path("broadcast", x, n - 1)
