@@ -12,7 +12,9 @@ peers at the same barrier with the same descriptor (so the mismatch check stays 
 copies out (a broadcast: the root copies in, the others copy out; an all_gather: every rank copies
 every block out; a reduce_scatter: every rank reduces its own block; a barrier: only the step).
 Progress and statistics go through objects held per stream and per call kind
-(``StreamProgress``, ``RepeatedCallCounter``): no lookups or locks per call.
+(``StreamProgress``, ``RepeatedCallCounter``): no lookups or locks per call. Calls too large for one
+step (all_reduce, all_gather and reduce_scatter above 64 KiB, a broadcast above 256 KiB) run the
+group's own pipelined method directly, skipping the same general layers (``repeated.py``).
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
@@ -24,26 +26,29 @@ read-only array, calls queued on the worker thread, or a job recording its timel
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.base import Call, GroupSpec, Signature
-from collsvc.client.backends.reduction import finish_average, reduced_as
-from collsvc.client.backends.ring.backend import global_mismatch
-from collsvc.client.backends.shm.group import LocalGroup
-from collsvc.client.backends.shm.groups import CallWatch
+from collsvc.client.backends.base import GroupSpec, Signature
+from collsvc.client.backends.reduction import reduced_as
 from collsvc.client.job import Job
+from collsvc.client.repeated import (
+    RepeatedAllGather,
+    RepeatedAllReduce,
+    RepeatedBarrier,
+    RepeatedBroadcast,
+    RepeatedCall,
+    RepeatedChunkedAllGather,
+    RepeatedChunkedAllReduce,
+    RepeatedChunkedBroadcast,
+    RepeatedChunkedReduceScatter,
+    RepeatedReduceScatter,
+)
 from collsvc.config import fast_path_enabled
-from collsvc.errors import CollectiveMismatchError, CollsvcError
+from collsvc.errors import CollsvcError
 from collsvc.types import ReduceOp
-
-# The shared-memory group of a Communicator on one host, as ``RingBackend.existing_shared`` finds it: the
-# group, the watch that must follow each call (its departure check and mismatch label), and the global
-# ranks of its members (to name a mismatch).
-_Shared = tuple[LocalGroup, CallWatch, tuple[int, ...]]
 
 # Every barrier's signature: a barrier carries no data.
 BARRIER = Signature.of("barrier", "", ())
@@ -54,175 +59,6 @@ _BARRIER_KEY: _Key = ("barrier", None, None, None)
 NOT_RUN: Any = object()
 
 
-class _Repeated:
-    """Calls of one collective, shape and argument (op or root) of one Communicator, on its shared-memory
-    group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
-
-    __slots__ = (
-        "_job",
-        "_spec",
-        "_stream",
-        "_signature",
-        "_text",
-        "_group",
-        "_watch",
-        "_local",
-        "_plan",
-        "_average_over",
-        "_progress",
-        "_counter",
-        "_limit",
-    )
-
-    def __init__(
-        self,
-        job: Job,
-        spec: GroupSpec,
-        stream: str,
-        signature: Signature,
-        shared: _Shared,
-        plan: Any,
-        average_over: int = 0,
-    ) -> None:
-        """``plan``: what the group's ``prepare_*`` made for these calls; ``average_over``: the group size
-        to divide a sum by (AVG), else 0."""
-        self._job = job
-        self._spec = spec
-        self._stream = stream
-        self._signature, self._text = signature, signature.text
-        self._group, self._watch, self._local = shared
-        self._plan = plan
-        self._average_over = average_over
-        self._progress = job.progress.stream(stream)
-        self._counter = job.recorder.counter(signature, spec)
-        self._limit = job.options.timeout
-
-    def accepts(self, x: np.ndarray, out: Any) -> bool:
-        """Whether a call of C-contiguous ``x`` with ``out`` may take this path: a new result, or ``x``
-        itself written in place."""
-        return out is None or (out is x and x.flags.writeable)
-
-    def run(self, seq: int, x: np.ndarray | None, out: np.ndarray | None, limit: float | None = None) -> Any:
-        """Call ``seq`` of the stream with ``x`` and ``out``, which :meth:`accepts`: the result, written
-        into ``out`` when given, else a new array (a barrier: None). ``limit``: seconds it may take
-        (default: the job's timeout).
-
-        Raises:
-            CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: as the
-                general path raises them, recorded and reported the same way.
-        """
-        signature = self._signature
-        limit = self._limit if limit is None else limit
-        deadline = time.monotonic() + limit
-        started = time.time()
-        record = self._progress.start(seq, self._text, started)
-        self._watch.follow_numbers(self._stream, seq, signature)
-        try:
-            result = self._move(x, out, deadline)
-        except CollsvcError as exc:
-            call = Call(self._spec, self._stream, seq, signature, deadline, limit)
-            error = global_mismatch(call, self._local, exc) if isinstance(exc, CollectiveMismatchError) else exc
-            span = (call, int(started * 1e9), 0)
-            raise self._job.call_failed(call, record, span, error) from error
-        ended = time.time()
-        self._progress.finish(record, ended)
-        if self._counter is not None:
-            self._counter.add(ended - started)
-        return result
-
-    def _move(self, x: Any, out: np.ndarray | None, deadline: float) -> Any:
-        raise NotImplementedError
-
-
-class RepeatedBarrier(_Repeated):
-    """Barriers of one Communicator."""
-
-    __slots__ = ()
-
-    def _move(self, x: Any, out: Any, deadline: float) -> None:
-        self._group.run_barrier(self._plan, deadline)
-
-
-class RepeatedAllReduce(_Repeated):
-    """All_reduce calls of one (dtype, shape, op)."""
-
-    __slots__ = ()
-
-    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
-        result = x if out is x else np.empty_like(x)
-        self._group.run_all_reduce(self._plan, x, result, deadline)
-        if self._average_over:
-            finish_average(result, self._average_over)
-        return result
-
-
-class RepeatedBroadcast(_Repeated):
-    """Broadcasts of one (dtype, shape, root): the root's ``x`` is read, the others' written."""
-
-    __slots__ = ()
-
-    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
-        if self._plan.is_root:
-            self._group.run_broadcast(self._plan, x, deadline)
-            return x if out is x else x.copy()
-        result = x if out is x else np.empty_like(x)
-        self._group.run_broadcast(self._plan, result, deadline)
-        return result
-
-
-class _RepeatedIntoNewShape(_Repeated):
-    """Calls whose result has another shape than ``x`` (all_gather, reduce_scatter): into a new array or
-    a given ``out`` of that shape."""
-
-    __slots__ = ("_result_shape",)
-
-    def __init__(self, result_shape: tuple[int, ...], *args: Any) -> None:
-        """``result_shape``: every result's; ``args``: as :class:`_Repeated`'s."""
-        super().__init__(*args)
-        self._result_shape = result_shape
-
-    def accepts(self, x: np.ndarray, out: Any) -> bool:
-        """A new result, or an ``out`` of the result's dtype and shape, C-contiguous, writable and apart
-        from ``x`` (anything else: the general path checks or stages it)."""
-        if out is None:
-            return True
-        return (
-            type(out) is np.ndarray
-            and out.dtype == x.dtype
-            and out.shape == self._result_shape
-            and out.flags.c_contiguous
-            and out.flags.writeable
-            and not np.may_share_memory(out, x)
-        )
-
-    def _result(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        return np.empty(self._result_shape, x.dtype) if out is None else out
-
-
-class RepeatedAllGather(_RepeatedIntoNewShape):
-    """All_gathers of one (dtype, shape): every rank's ``x`` concatenated along axis 0."""
-
-    __slots__ = ()
-
-    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
-        result = self._result(x, out)
-        self._group.run_all_gather(self._plan, x.reshape(-1), result.reshape(-1), deadline)
-        return result
-
-
-class RepeatedReduceScatter(_RepeatedIntoNewShape):
-    """Reduce_scatters of one (dtype, shape, op): block ``rank`` (along axis 0) of the reduction."""
-
-    __slots__ = ()
-
-    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
-        result = self._result(x, out)
-        self._group.run_reduce_scatter(self._plan, x.reshape(-1), result.reshape(-1), deadline)
-        if self._average_over:
-            finish_average(result, self._average_over)
-        return result
-
-
 def _prepare(
     kind: str,
     job: Job,
@@ -231,11 +67,11 @@ def _prepare(
     signature: Signature,
     x: np.ndarray | None,
     arg: ReduceOp | int | None,
-) -> _Repeated | None:
+) -> RepeatedCall | None:
     """The fast path for later calls like this one (``x``: a numpy array that just went through the
     general path, None for a barrier; ``arg``: the op of an all_reduce or reduce_scatter, the root of a
     broadcast, None for an all_gather or a barrier), or None where they cannot take it (the group is
-    not all on this host, the array is too large for one step, ...).
+    not all on this host, a dtype numpy has no reduction loop for, ...).
 
     Raises:
         TypeError / ValueError: a bad op or root (the general path raised them first).
@@ -257,20 +93,33 @@ def _prepare(
         if kind == "all_reduce":
             assert isinstance(arg, ReduceOp)
             reducing = group.prepare_all_reduce(x.dtype, x.size, reduced_as(arg), digest, x.shape)
-            return None if reducing is None else RepeatedAllReduce(*common, reducing, average_over)
+            if reducing is not None:
+                return RepeatedAllReduce(*common, reducing, average_over)
+            chunked = group.prepare_chunked("all_reduce", x.dtype, x.size, reduced_as(arg), digest)
+            return None if chunked is None else RepeatedChunkedAllReduce(*common, chunked, average_over)
         if kind == "broadcast":
             assert isinstance(arg, int)
             sending = group.prepare_broadcast(x.dtype, x.size, arg, digest, x.shape)
-            return None if sending is None else RepeatedBroadcast(*common, sending)
+            if sending is not None:
+                return RepeatedBroadcast(*common, sending)
+            chunked = group.prepare_chunked("broadcast", x.dtype, x.size, arg, digest)
+            return None if chunked is None else RepeatedChunkedBroadcast(*common, chunked)
         if kind == "all_gather":
-            gathering = group.prepare_all_gather(x.dtype, x.size, digest)
             shape = x.shape or (1,)  # a 0-d array counts as shape (1,)
             gathered = (spec.size * shape[0], *shape[1:])
-            return None if gathering is None else RepeatedAllGather(gathered, *common, gathering)
+            gathering = group.prepare_all_gather(x.dtype, x.size, digest)
+            if gathering is not None:
+                return RepeatedAllGather(gathered, *common, gathering)
+            chunked = group.prepare_chunked("all_gather", x.dtype, x.size, None, digest)
+            return None if chunked is None else RepeatedChunkedAllGather(gathered, *common, chunked)
         assert isinstance(arg, ReduceOp)
         block_shape = (x.shape[0] // spec.size, *x.shape[1:])
-        scattering = group.prepare_reduce_scatter(x.dtype, x.size // spec.size, reduced_as(arg), digest)
-        return None if scattering is None else RepeatedReduceScatter(block_shape, *common, scattering, average_over)
+        count = x.size // spec.size
+        scattering = group.prepare_reduce_scatter(x.dtype, count, reduced_as(arg), digest)
+        if scattering is not None:
+            return RepeatedReduceScatter(block_shape, *common, scattering, average_over)
+        chunked = group.prepare_chunked("reduce_scatter", x.dtype, count, reduced_as(arg), digest)
+        return None if chunked is None else RepeatedChunkedReduceScatter(block_shape, *common, chunked, average_over)
     except CollsvcError:
         return None  # the group failed meanwhile: the general path raises it
 
@@ -300,7 +149,7 @@ class RepeatedCalls:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._number = check_usable, number
         self._failure, self._departures, self._executor = job.failure, job.departed, job.executor
-        self._known: dict[_Key, _Repeated | None] = {}
+        self._known: dict[_Key, RepeatedCall | None] = {}
         self._enabled = fast_path_enabled()
 
     def close(self) -> None:
@@ -322,7 +171,7 @@ class RepeatedCalls:
             The result when it ran, :data:`NOT_RUN` when the general path must run it.
 
         Raises:
-            As :meth:`_Repeated.run`, or the job's failure.
+            As :meth:`RepeatedCall.run`, or the job's failure.
         """
         if async_op or type(x) is not np.ndarray:
             return NOT_RUN
@@ -346,7 +195,7 @@ class RepeatedCalls:
         now; False when the general path must run it.
 
         Raises:
-            As :meth:`_Repeated.run`, or the job's failure.
+            As :meth:`RepeatedCall.run`, or the job's failure.
         """
         repeated = self._known.get(_BARRIER_KEY)
         if repeated is None or self._executor.queued:
@@ -387,7 +236,7 @@ class RepeatedCalls:
 def _may_repeat(x: Any, arg: Any, out: Any, async_op: bool) -> bool:
     """Whether a call could ever take a fast path: synchronous, on a numpy array (not a subclass), into a
     new array or a numpy ``out``, with a ReduceOp, an int root or no argument (an all_gather); anything
-    else the general path checks. Which ``out`` a fast path takes, :meth:`_Repeated.accepts` says."""
+    else the general path checks. Which ``out`` a fast path takes, :meth:`RepeatedCall.accepts` says."""
     return (
         not async_op
         and type(x) is np.ndarray

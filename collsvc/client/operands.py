@@ -175,6 +175,17 @@ class Operand:
                 return Buffer(dest.reshape(-1), is_out=True)
         return Buffer(empty((self.size,), self.dtype, self.on_device))
 
+    def result_buffer(self, shape: tuple[int, ...]) -> Buffer:
+        """A flat buffer for a result of ``shape`` that the backend writes while it still reads the
+        input (all_gather, reduce_scatter): the caller's host ``out`` when usable and apart from the
+        input (no temporary, no copy afterwards), else a fresh array."""
+        target = self.target
+        if target is not None and not self.on_device and not target.on_gpu:
+            dest = to_host(target)
+            if self._usable_in_place(dest, target) and not np.may_share_memory(dest, self.source()):
+                return Buffer(dest.reshape(-1), is_out=True)
+        return Buffer(self.empty(shape).reshape(-1))
+
     def empty(self, shape: tuple[int, ...]) -> Any:
         """A new array of ``shape`` and this operand's dtype, where the work happens."""
         return empty(shape, self.dtype, self.on_device)

@@ -169,9 +169,9 @@ def all_gather(group: GroupView, x: Any, *, out: Any) -> Planned:
     operand.check_out(result_shape, in_place_allowed=False)
 
     def body(call: Call, backend: Backend) -> Any:
-        result = operand.empty(result_shape)
-        backend.all_gather(call, operand.flat(), result.reshape(-1))
-        return operand.finish(result)
+        buffer = operand.result_buffer(result_shape)
+        backend.all_gather(call, operand.flat(), buffer.array)
+        return operand.finish_buffer(buffer, result_shape)
 
     return Planned(Signature.of("all_gather", operand.dtype, operand.shape), body, operand.on_device)
 
@@ -235,9 +235,9 @@ def reduce_scatter(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Plann
     operand.check_out(block_shape, in_place_allowed=False)
 
     def body(call: Call, backend: Backend) -> Any:
-        result = operand.empty(block_shape)
-        backend.reduce_scatter(call, operand.flat(), result.reshape(-1), op)
-        return operand.finish(result)
+        buffer = operand.result_buffer(block_shape)
+        backend.reduce_scatter(call, operand.flat(), buffer.array, op)
+        return operand.finish_buffer(buffer, block_shape)
 
     return Planned(Signature.of("reduce_scatter", operand.dtype, operand.shape, _OP_NAME[op]), body, operand.on_device)
 

@@ -66,6 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "collsvc.client.bucketing",
             "collsvc.client.objects",
             "collsvc.client.fast_path",
+            "collsvc.client.repeated",
         ),
     ),
     ("communicator", ("collsvc.client",)),

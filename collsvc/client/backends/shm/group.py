@@ -10,7 +10,8 @@ all_reduce of a large array is pipelined: in the step that publishes chunk ``k``
 reduces its slice of chunk ``k - 1`` into its result slot and copies every rank's reduced slice of
 chunk ``k - 2`` out, so ``K`` chunks take ``K + 1`` barriers. Contributions are always combined in
 local-rank order 0..n-1, so every rank gets the same bits. Small arrays take one barrier: every rank
-publishes its whole input and reduces all of them itself.
+publishes its whole input and reduces all of them itself. A broadcast above 256 KiB goes in at least
+four pieces, so that the root copies piece ``k + 1`` in while the others copy piece ``k`` out.
 
 The first barrier of every call carries a descriptor (the caller's signature digest, the collective,
 dtype, element count, op and root); ranks that disagree all raise CollectiveMismatchError after that
@@ -87,7 +88,7 @@ class LocalGroup(PreparedCalls):
         if self._solo():
             return
         with self._call("broadcast", flat, flat.size, None, root, digest, deadline) as body:
-            chunk = self._chunk(flat.dtype)
+            chunk = self._broadcast_piece(flat.dtype, flat.size)
             for index in range(max(1, -(-flat.size // chunk))):
                 lo = index * chunk
                 hi = min(flat.size, lo + chunk)

@@ -18,6 +18,10 @@ from collsvc.types import ReduceOp, check_op_dtype
 
 # Below this many bytes all_reduce/reduce take one barrier and every rank reduces everything itself.
 DIRECT_BYTES = 64 * 1024
+# A broadcast above this many bytes goes in BROADCAST_PIECES steps (or more, of one slot each), so that
+# the root copies piece k + 1 in while the others copy piece k out; in one step they would take turns.
+PIPELINED_BROADCAST_BYTES = 256 * 1024
+BROADCAST_PIECES = 4
 
 
 class SmallAllReduce(NamedTuple):
@@ -80,8 +84,24 @@ class SmallBarrier(NamedTuple):
     descriptions: CallDescription
 
 
+class ChunkedCall(NamedTuple):
+    """Calls too large for one step, which the group's own (pipelined) methods run: ``arg``, the op the
+    data is combined with (AVG as SUM) or the root; ``digest``, the caller's signature digest."""
+
+    arg: Any
+    digest: int
+
+
 class PreparedCalls(StepEngine):
     """The prepared calls of a local group (see the module docstring)."""
+
+    def _broadcast_piece(self, dtype: np.dtype, count: int) -> int:
+        """Elements per step of a broadcast of ``count`` elements of ``dtype``: the same on every rank (a
+        function of the call and the slot size, which ranks agree on when they connect)."""
+        chunk = self._chunk(dtype)
+        if count * dtype.itemsize <= PIPELINED_BROADCAST_BYTES:
+            return chunk
+        return min(chunk, -(-count // BROADCAST_PIECES))
 
     def _begin(self) -> int:
         """Starts a prepared call: raises if the group failed or closed (as :meth:`_solo`, inline: this
@@ -115,6 +135,40 @@ class PreparedCalls(StepEngine):
         self._begin()
         self._descriptions = plan.descriptions
         self._step(deadline, plan.body)
+
+    # -- repeated calls larger than one step ---------------------------------------------------------
+
+    def prepare_chunked(
+        self, collective: str, dtype: np.dtype, count: int, arg: Any, digest: int
+    ) -> ChunkedCall | None:
+        """What the fast path needs to run ``collective`` calls (all_reduce, broadcast, all_gather or
+        reduce_scatter) of ``count`` elements of ``dtype`` (per rank's block: all_gather's input,
+        reduce_scatter's output) with ``arg`` (op or root) through the group's own method, for calls
+        that take more than the one step of the ``prepare_*`` plans; None for calls that fit one
+        step, a group of one, or a reduction numpy has no loop for (bfloat16: the general path).
+
+        Raises:
+            TypeError: ``op`` is not defined for ``dtype``. ValueError: a bad root.
+            CollsvcError: the group failed or is closed.
+        """
+        if self._solo() or count <= 0:
+            return None
+        one_step = min(DIRECT_BYTES, self._layout.slot_bytes)
+        if collective == "broadcast":
+            self._check_root(arg)
+            larger = count > self._broadcast_piece(dtype, count)
+        elif collective == "all_gather":
+            larger = count * dtype.itemsize > one_step
+        else:
+            check_op_dtype(arg, dtype)
+            if native_ufunc(arg, dtype) is None:
+                return None
+            if collective == "all_reduce":
+                larger = count * dtype.itemsize > one_step
+            else:
+                block = self._chunk(dtype) // self._size
+                larger = count > block or self._size * count * dtype.itemsize > DIRECT_BYTES
+        return ChunkedCall(arg, digest) if larger else None
 
     # -- repeated small all_reduce -------------------------------------------------------------------
 
@@ -185,7 +239,7 @@ class PreparedCalls(StepEngine):
             ValueError: a bad root. CollsvcError: the group failed or is closed.
         """
         self._check_root(root)
-        if self._solo() or not 0 < count <= self._chunk(dtype):
+        if self._solo() or not 0 < count <= self._broadcast_piece(dtype, count):
             return None
         views = self._all_views(dtype)
         slots = tuple(

@@ -1,0 +1,255 @@
+"""The calls the Communicator's fast path repeats (``fast_path.py``): one class per collective, each
+holding what a call of one (collective, dtype, shape, op or root) needs, worked out once.
+
+Calls that fit one shared-memory step run the group's prepared methods (``shm/prepared.py``); larger
+ones (``RepeatedChunked*``) run the group's own pipelined method directly: the same steps and
+descriptors as the general path, without the general layers around it (argument adaptation, work
+buffers, a ``Call``, recorder spans, the group lookup), which cost tens of microseconds per call.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.backends.reduction import finish_average
+from collsvc.client.backends.ring.backend import global_mismatch
+from collsvc.client.backends.shm.group import LocalGroup
+from collsvc.client.backends.shm.groups import CallWatch
+from collsvc.client.job import Job
+from collsvc.errors import CollectiveMismatchError, CollsvcError
+
+# The shared-memory group of a Communicator on one host, as ``RingBackend.existing_shared`` finds it: the
+# group, the watch that must follow each call (its departure check and mismatch label), and the global
+# ranks of its members (to name a mismatch).
+Shared = tuple[LocalGroup, CallWatch, tuple[int, ...]]
+
+
+class RepeatedCall:
+    """Calls of one collective, shape and argument (op or root) of one Communicator, on its shared-memory
+    group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
+
+    __slots__ = (
+        "_job",
+        "_spec",
+        "_stream",
+        "_signature",
+        "_text",
+        "_group",
+        "_watch",
+        "_local",
+        "_plan",
+        "_average_over",
+        "_progress",
+        "_counter",
+        "_limit",
+    )
+
+    def __init__(
+        self,
+        job: Job,
+        spec: GroupSpec,
+        stream: str,
+        signature: Signature,
+        shared: Shared,
+        plan: Any,
+        average_over: int = 0,
+    ) -> None:
+        """``plan``: what the group's ``prepare_*`` made for these calls; ``average_over``: the group size
+        to divide a sum by (AVG), else 0."""
+        self._job = job
+        self._spec = spec
+        self._stream = stream
+        self._signature, self._text = signature, signature.text
+        self._group, self._watch, self._local = shared
+        self._plan = plan
+        self._average_over = average_over
+        self._progress = job.progress.stream(stream)
+        self._counter = job.recorder.counter(signature, spec)
+        self._limit = job.options.timeout
+
+    def accepts(self, x: np.ndarray, out: Any) -> bool:
+        """Whether a call of C-contiguous ``x`` with ``out`` may take this path: a new result, or ``x``
+        itself written in place."""
+        return out is None or (out is x and x.flags.writeable)
+
+    def run(self, seq: int, x: np.ndarray | None, out: np.ndarray | None, limit: float | None = None) -> Any:
+        """Call ``seq`` of the stream with ``x`` and ``out``, which :meth:`accepts`: the result, written
+        into ``out`` when given, else a new array (a barrier: None). ``limit``: seconds it may take
+        (default: the job's timeout).
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: as the
+                general path raises them, recorded and reported the same way.
+        """
+        signature = self._signature
+        limit = self._limit if limit is None else limit
+        deadline = time.monotonic() + limit
+        started = time.time()
+        record = self._progress.start(seq, self._text, started)
+        self._watch.follow_numbers(self._stream, seq, signature)
+        try:
+            result = self._move(x, out, deadline)
+        except CollsvcError as exc:
+            call = Call(self._spec, self._stream, seq, signature, deadline, limit)
+            error = global_mismatch(call, self._local, exc) if isinstance(exc, CollectiveMismatchError) else exc
+            span = (call, int(started * 1e9), 0)
+            raise self._job.call_failed(call, record, span, error) from error
+        ended = time.time()
+        self._progress.finish(record, ended)
+        if self._counter is not None:
+            self._counter.add(ended - started)
+        return result
+
+    def _move(self, x: Any, out: np.ndarray | None, deadline: float) -> Any:
+        raise NotImplementedError
+
+
+class RepeatedBarrier(RepeatedCall):
+    """Barriers of one Communicator."""
+
+    __slots__ = ()
+
+    def _move(self, x: Any, out: Any, deadline: float) -> None:
+        self._group.run_barrier(self._plan, deadline)
+
+
+class RepeatedAllReduce(RepeatedCall):
+    """All_reduce calls of one (dtype, shape, op)."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = x if out is x else np.empty_like(x)
+        self._group.run_all_reduce(self._plan, x, result, deadline)
+        if self._average_over:
+            finish_average(result, self._average_over)
+        return result
+
+
+class RepeatedBroadcast(RepeatedCall):
+    """Broadcasts of one (dtype, shape, root): the root's ``x`` is read, the others' written."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        if self._plan.is_root:
+            self._group.run_broadcast(self._plan, x, deadline)
+            return x if out is x else x.copy()
+        result = x if out is x else np.empty_like(x)
+        self._group.run_broadcast(self._plan, result, deadline)
+        return result
+
+
+class _RepeatedIntoNewShape(RepeatedCall):
+    """Calls whose result has another shape than ``x`` (all_gather, reduce_scatter): into a new array or
+    a given ``out`` of that shape."""
+
+    __slots__ = ("_result_shape",)
+
+    def __init__(self, result_shape: tuple[int, ...], *args: Any) -> None:
+        """``result_shape``: every result's; ``args``: as :class:`RepeatedCall`'s."""
+        super().__init__(*args)
+        self._result_shape = result_shape
+
+    def accepts(self, x: np.ndarray, out: Any) -> bool:
+        """A new result, or an ``out`` of the result's dtype and shape, C-contiguous, writable and apart
+        from ``x`` (anything else: the general path checks or stages it)."""
+        if out is None:
+            return True
+        return (
+            type(out) is np.ndarray
+            and out.dtype == x.dtype
+            and out.shape == self._result_shape
+            and out.flags.c_contiguous
+            and out.flags.writeable
+            and not np.may_share_memory(out, x)
+        )
+
+    def _result(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        return np.empty(self._result_shape, x.dtype) if out is None else out
+
+
+class RepeatedAllGather(_RepeatedIntoNewShape):
+    """All_gathers of one (dtype, shape): every rank's ``x`` concatenated along axis 0."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = self._result(x, out)
+        self._group.run_all_gather(self._plan, x.reshape(-1), result.reshape(-1), deadline)
+        return result
+
+
+class RepeatedReduceScatter(_RepeatedIntoNewShape):
+    """Reduce_scatters of one (dtype, shape, op): block ``rank`` (along axis 0) of the reduction."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = self._result(x, out)
+        self._group.run_reduce_scatter(self._plan, x.reshape(-1), result.reshape(-1), deadline)
+        if self._average_over:
+            finish_average(result, self._average_over)
+        return result
+
+
+# -- calls larger than one step: the group's pipelined methods, called directly ----------------------------
+
+
+class RepeatedChunkedAllReduce(RepeatedCall):
+    """All_reduce calls of one (dtype, shape, op) too large for one step (``plan``: a ``ChunkedCall``
+    whose ``arg`` is the op the data is combined with)."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = x if out is x else x.copy()
+        self._group.all_reduce(result, self._plan.arg, deadline, digest=self._plan.digest)
+        if self._average_over:
+            finish_average(result, self._average_over)
+        return result
+
+
+class RepeatedChunkedBroadcast(RepeatedCall):
+    """Broadcasts of one (dtype, shape, root) too large for one step (``plan.arg``: the root)."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        root = self._plan.arg
+        if root == self._group.rank:
+            self._group.broadcast(x, root, deadline, digest=self._plan.digest)
+            return x if out is x else x.copy()
+        result = x if out is x else np.empty_like(x)
+        self._group.broadcast(result, root, deadline, digest=self._plan.digest)
+        return result
+
+
+class RepeatedChunkedAllGather(_RepeatedIntoNewShape):
+    """All_gathers of one (dtype, shape) too large for one step."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = self._result(x, out)
+        self._group.all_gather(x.reshape(-1), result.reshape(-1), deadline, digest=self._plan.digest)
+        return result
+
+
+class RepeatedChunkedReduceScatter(_RepeatedIntoNewShape):
+    """Reduce_scatters of one (dtype, shape, op) too large for one step (``plan.arg``: the op the data
+    is combined with)."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = self._result(x, out)
+        plan = self._plan
+        self._group.reduce_scatter(x.reshape(-1), result.reshape(-1), plan.arg, deadline, digest=plan.digest)
+        if self._average_over:
+            finish_average(result, self._average_over)
+        return result
