@@ -177,8 +177,8 @@ class Operand:
 
     def result_buffer(self, shape: tuple[int, ...]) -> Buffer:
         """A flat buffer for a result of ``shape`` that the backend writes while it still reads the
-        input (all_gather, reduce_scatter): the caller's host ``out`` when usable and apart from the
-        input (no temporary, no copy afterwards), else a fresh array."""
+        input (all_gather, reduce_scatter, gather, all_to_all): the caller's host ``out`` when usable
+        and apart from the input (no temporary, no copy afterwards), else a fresh array."""
         target = self.target
         if target is not None and not self.on_device and not target.on_gpu:
             dest = to_host(target)

@@ -205,9 +205,12 @@ def gather(group: GroupView, x: Any, dst: int, *, out: Any) -> Planned:
         operand.check_out(result_shape, in_place_allowed=False)
 
     def body(call: Call, backend: Backend) -> Any:
-        result = operand.empty(result_shape) if is_root else None
-        backend.gather(call, operand.flat(), None if result is None else result.reshape(-1), dst)
-        return operand.finish(result) if is_root else None
+        if not is_root:
+            backend.gather(call, operand.flat(), None, dst)
+            return None
+        buffer = operand.result_buffer(result_shape)
+        backend.gather(call, operand.flat(), buffer.array, dst)
+        return operand.finish_buffer(buffer, result_shape)
 
     return Planned(Signature.of("gather", operand.dtype, operand.shape, root=dst), body, operand.on_device)
 
@@ -274,9 +277,9 @@ def all_to_all(group: GroupView, x: Any, *, out: Any) -> Planned:
     operand.check_out(operand.shape, in_place_allowed=False)
 
     def body(call: Call, backend: Backend) -> Any:
-        result = operand.empty(operand.shape)
-        backend.all_to_all(call, operand.flat(), result.reshape(-1))
-        return operand.finish(result)
+        buffer = operand.result_buffer(operand.shape)
+        backend.all_to_all(call, operand.flat(), buffer.array)
+        return operand.finish_buffer(buffer, operand.shape)
 
     return Planned(Signature.of("all_to_all", operand.dtype, operand.shape), body, operand.on_device)
 
