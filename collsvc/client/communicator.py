@@ -218,7 +218,10 @@ class Communicator:
         Raises:
             ValueError: ``x.shape[0]`` not divisible by the size.
         """
-        return self._issue(ops.all_to_all(self._view, x, out=out), async_op=async_op)
+        result = self._repeated.run("all_to_all", x, None, out, async_op)
+        if result is NOT_RUN:
+            result = self._learned("all_to_all", x, None, out, async_op, ops.all_to_all(self._view, x, out=out))
+        return result
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Sends ``x`` to ``dst``; returns once it was delivered to ``dst``'s endpoint.

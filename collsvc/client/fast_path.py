@@ -1,5 +1,5 @@
-"""Repeated synchronous all_reduce, broadcast, all_gather and reduce_scatter calls of numpy arrays, and
-barriers, within one host, without the general layers.
+"""Repeated synchronous all_reduce, broadcast, all_gather, reduce_scatter and all_to_all calls of numpy
+arrays, and barriers, within one host, without the general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
 ``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
@@ -13,8 +13,9 @@ copies out (a broadcast: the root copies in, the others copy out; an all_gather:
 every block out; a reduce_scatter: every rank reduces its own block; a barrier: only the step).
 Progress and statistics go through objects held per stream and per call kind
 (``StreamProgress``, ``RepeatedCallCounter``): no lookups or locks per call. Calls too large for one
-step (all_reduce, all_gather and reduce_scatter above 64 KiB, a broadcast above 256 KiB) run the
-group's own pipelined method directly, skipping the same general layers (``repeated.py``).
+step (all_reduce, all_gather and reduce_scatter above 64 KiB, a broadcast above 256 KiB) and every
+all_to_all run the group's own pipelined method directly, skipping the same general layers
+(``repeated.py``).
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
@@ -37,6 +38,7 @@ from collsvc.client.job import Job
 from collsvc.client.repeated import (
     RepeatedAllGather,
     RepeatedAllReduce,
+    RepeatedAllToAll,
     RepeatedBarrier,
     RepeatedBroadcast,
     RepeatedCall,
@@ -70,7 +72,7 @@ def _prepare(
 ) -> RepeatedCall | None:
     """The fast path for later calls like this one (``x``: a numpy array that just went through the
     general path, None for a barrier; ``arg``: the op of an all_reduce or reduce_scatter, the root of a
-    broadcast, None for an all_gather or a barrier), or None where they cannot take it (the group is
+    broadcast, None for an all_gather, an all_to_all or a barrier), or None where they cannot take it (the group is
     not all on this host, a dtype numpy has no reduction loop for, ...).
 
     Raises:
@@ -112,6 +114,9 @@ def _prepare(
                 return RepeatedAllGather(gathered, *common, gathering)
             chunked = group.prepare_chunked("all_gather", x.dtype, x.size, None, digest)
             return None if chunked is None else RepeatedChunkedAllGather(gathered, *common, chunked)
+        if kind == "all_to_all":
+            moving = group.prepare_chunked("all_to_all", x.dtype, x.size // spec.size, None, digest)
+            return None if moving is None else RepeatedAllToAll(x.shape, *common, moving)
         assert isinstance(arg, ReduceOp)
         block_shape = (x.shape[0] // spec.size, *x.shape[1:])
         count = x.size // spec.size
@@ -165,7 +170,8 @@ class RepeatedCalls:
 
     def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> Any:
         """Runs a ``kind`` call ("all_reduce" or "reduce_scatter" with op ``arg``, "broadcast" from root
-        ``arg``, "all_gather" with ``arg`` None) on its fast path if it has one and may take it now.
+        ``arg``, "all_gather" or "all_to_all" with ``arg`` None) on its fast path if it has one and may
+        take it now.
 
         Returns:
             The result when it ran, :data:`NOT_RUN` when the general path must run it.

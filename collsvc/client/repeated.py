@@ -253,3 +253,15 @@ class RepeatedChunkedReduceScatter(_RepeatedIntoNewShape):
         if self._average_over:
             finish_average(result, self._average_over)
         return result
+
+
+class RepeatedAllToAll(_RepeatedIntoNewShape):
+    """All_to_all calls of one (dtype, shape), every size: the group's own method (``plan``: a
+    ``ChunkedCall``)."""
+
+    __slots__ = ()
+
+    def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
+        result = self._result(x, out)
+        self._group.all_to_all(x.reshape(-1), result.reshape(-1), deadline, digest=self._plan.digest)
+        return result

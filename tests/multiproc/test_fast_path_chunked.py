@@ -1,6 +1,6 @@
 """The fast path for repeated calls larger than one shared-memory step (client/repeated.py,
-``RepeatedChunked*``): all_reduce, all_gather and reduce_scatter above 64 KiB and broadcasts above
-256 KiB, on real rank processes.
+``RepeatedChunked*``, ``RepeatedAllToAll``): all_reduce, all_gather and reduce_scatter above 64 KiB,
+broadcasts above 256 KiB and all_to_all of every size, on real rank processes.
 
 Each call runs three times (the first learns, the others take the fast path) and must give the bits of
 the general path, on every rank; one rank taking the general path (a non-contiguous input) while the
@@ -83,6 +83,17 @@ def chunked_data_movement(comm: collsvc.Communicator) -> bool:
         out = np.zeros_like(gathered)
         assert comm.all_gather(x, out=out) is out and np.array_equal(out, gathered), what
         assert comm._repeated.has_fast_path("all_gather", x), f"{what}: no fast path was made"
+    # all_to_all takes the fast path at every size: the group's own method.
+    for dtype, rows in (("float32", 3), ("int16", 7001), ("complex128", OVER_ONE_STEP)):
+        shape = (n * rows, 2)
+        what = f"all_to_all {dtype} {shape}"
+        sent = [np.array(make(r, dtype, shape)) for r in range(n)]
+        expected = np.concatenate([part[comm.rank * rows : (comm.rank + 1) * rows] for part in sent])
+        x = sent[comm.rank]
+        assert _three_times(lambda x=x: comm.all_to_all(x)) == [expected.tobytes()] * 3, what
+        out = np.zeros_like(expected)
+        assert comm.all_to_all(x, out=out) is out and np.array_equal(out, expected), what
+        assert comm._repeated.has_fast_path("all_to_all", x), f"{what}: no fast path was made"
     for dtype, op in (("float32", ReduceOp.SUM), ("int64", ReduceOp.MAX), ("float64", ReduceOp.AVG)):
         shape = (n * OVER_ONE_STEP,)
         what = f"reduce_scatter {dtype} {op.name}"
@@ -112,9 +123,10 @@ def one_rank_on_the_general_path(comm: collsvc.Communicator) -> str:
         x = base[::2] if comm.rank == 1 else base[::2].copy()
         results.append(comm.all_reduce(x).tobytes())
         results.append(comm.all_gather(x).tobytes())
+        results.append(comm.all_to_all(x[: 3 * (x.size // 3)]).tobytes())
     reduced = np.frombuffer(results[0], np.float64)
     assert np.array_equal(reduced, np.arange(0, 2 * OVER_ONE_STEP, 2) * comm.size * (comm.size + 1) / 2)
-    assert len(set(results[0::2])) == 1 and len(set(results[1::2])) == 1
+    assert all(len(set(results[kind::3])) == 1 for kind in range(3))
     assert_identical_everywhere(comm, reduced, "all_reduce, one rank on the general path")
     contiguous = base[::2].copy()
     return f"{comm._repeated.has_fast_path('all_reduce', contiguous, ReduceOp.SUM)}"

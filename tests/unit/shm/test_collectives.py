@@ -98,6 +98,11 @@ def every_collective(group: LocalGroup) -> list[bytes]:
             group.all_gather(mine, gathered, time.monotonic() + 5)
             parts = [make(r, dtype, length, salt=2) for r in range(n)]
             assert same_bits(gathered, np.concatenate(parts)), f"all_gather {dtype} {length}"
+            sent = make(me, dtype, n * length, salt=4)
+            received = np.empty(n * length, dtype)
+            group.all_to_all(sent, received, time.monotonic() + 5)
+            blocks = [make(r, dtype, n * length, salt=4)[me * length : (me + 1) * length] for r in range(n)]
+            assert same_bits(received, np.concatenate(blocks)), f"all_to_all {dtype} {length}"
             for root in range(n):
                 buf = make(me, dtype, length, salt=3)
                 group.broadcast(buf, root, time.monotonic() + 5)
@@ -111,6 +116,19 @@ def every_collective(group: LocalGroup) -> list[bytes]:
 def test_every_collective_matches_numpy_bit_for_bit(size: int) -> None:
     results = run_group(size, every_collective)
     assert all(r == results[0] for r in results), "all_reduce results differ between ranks"
+
+
+def test_all_to_all_of_large_blocks_takes_many_rounds() -> None:
+    # 4 KiB slots, 3 ranks: 341 float32 per piece, so 20_001-element blocks take 59 rounds.
+    def work(group: LocalGroup) -> None:
+        n, me, m = group.size, group.rank, 20_001
+        sent = make(me, np.dtype(np.float32), n * m, salt=5)
+        received = np.empty_like(sent)
+        group.all_to_all(sent, received, time.monotonic() + 10)
+        blocks = [make(r, np.dtype(np.float32), n * m, salt=5)[me * m : (me + 1) * m] for r in range(n)]
+        assert same_bits(received, np.concatenate(blocks))
+
+    run_group(3, work)
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -151,6 +169,9 @@ def test_in_place_all_gather_and_overlapping_reduce_scatter() -> None:
         group.reduce_scatter(src, src[:m], ReduceOp.SUM, time.monotonic() + 5)
         expected = n * np.arange(me * m, (me + 1) * m) + sum(range(n))
         assert np.array_equal(src[:m], expected)
+        swapped = np.repeat(np.arange(n) + 10 * me, m)  # block r holds 10 * me + r
+        group.all_to_all(swapped, swapped, time.monotonic() + 5)  # in place: out is src
+        assert np.array_equal(swapped, np.repeat(10 * np.arange(n) + me, m))
 
     run_group(3, work)
 
@@ -176,6 +197,8 @@ def test_bad_arguments_fail_locally_before_anything_is_shared() -> None:
             group.all_gather(np.arange(4.0), np.empty(5), time.monotonic() + 1)
         with pytest.raises(TypeError):
             group.reduce_scatter(np.arange(4.0), np.empty(4, np.float32), ReduceOp.SUM, time.monotonic() + 1)
+        with pytest.raises(ValueError):
+            group.all_to_all(np.arange(4.0), np.empty(5), time.monotonic() + 1)
         readonly = np.arange(3.0)
         readonly.flags.writeable = False
         with pytest.raises(ValueError):

@@ -299,7 +299,12 @@ class RingBackend:
         self._run_rooted(call, lambda ch: algorithms.scatter(ch, src, out, root))
 
     def all_to_all(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
-        self._run(call, lambda ch: algorithms.all_to_all(ch, src, out))
+        digest = call.signature.digest
+        self._dispatch(
+            call,
+            lambda shared: shared.all_to_all(src, out, call.deadline, digest=digest),
+            lambda ch: algorithms.all_to_all(ch, src, out),
+        )
 
     def send(self, call: Call, buf: np.ndarray, dst: int) -> None:
         self._run(call, lambda ch: algorithms.send(ch, buf, dst))

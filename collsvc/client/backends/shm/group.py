@@ -20,6 +20,8 @@ barrier, before any data is combined, and stay in step for the next call.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from collsvc.client.backends.reduction import finish_average, reduce_parts
@@ -150,23 +152,45 @@ class LocalGroup(PreparedCalls):
             np.copyto(dst, flat)
             return
         with self._call("reduce_scatter", flat, m, op, None, digest, deadline) as body:
-            block = self._chunk(flat.dtype) // n
-            for index in range(max(1, -(-m // block))):
-                lo = index * block
-                hi = min(m, lo + block)
-                parity = self._parity()
-                slot = self._own(flat.dtype).inputs[parity]
-                for rank in range(n):
-                    if rank != me:
-                        np.copyto(slot[rank * block : rank * block + hi - lo], flat[rank * m + lo : rank * m + hi])
-                self._step(deadline, body if index == 0 else None)
+            for lo, hi, parity, piece in self._pieces_for_peers(flat, m, body, deadline):
                 parts = [
                     flat[me * m + lo : me * m + hi]
                     if rank == me
-                    else self._peer(rank, flat.dtype).inputs[parity][me * block : me * block + hi - lo]
+                    else self._peer(rank, flat.dtype).inputs[parity][me * piece : me * piece + hi - lo]
                     for rank in range(n)
                 ]
                 _combine(op, dst[lo:hi], parts, n)
+
+    def all_to_all(self, src: np.ndarray, out: np.ndarray, deadline: float, *, digest: int = 0) -> None:
+        """Block ``r`` of every local rank's ``src`` (``local_size`` equal blocks) goes to rank ``r``;
+        ``out`` gets one block from each rank, in rank order.
+
+        Each step carries a piece of every block: a rank copies the pieces for its peers into its slot,
+        meets them, and copies the pieces they left for it out of theirs; its own block goes straight
+        from ``src`` to ``out``.
+
+        Raises:
+            Same as :meth:`all_reduce`.
+        """
+        flat = _flat(src, "src", writable=False)
+        dst = _flat(out, "out", writable=True)
+        n, me = self._size, self._rank
+        self._check_sizes(
+            flat, dst, flat.size == dst.size and flat.size % n == 0, "src and out must have local_size equal blocks"
+        )
+        m = flat.size // n
+        if np.shares_memory(flat, dst):
+            flat = flat.copy()  # out is written while other ranks' blocks of src are still to be sent
+        if self._solo():
+            np.copyto(dst, flat)
+            return
+        with self._call("all_to_all", flat, m, None, None, digest, deadline) as body:
+            for lo, hi, parity, piece in self._pieces_for_peers(flat, m, body, deadline):
+                for rank in range(n):
+                    if rank != me:
+                        part = self._peer(rank, flat.dtype).inputs[parity][me * piece : me * piece + hi - lo]
+                        np.copyto(dst[rank * m + lo : rank * m + hi], part)
+            np.copyto(dst[me * m : (me + 1) * m], flat[me * m : (me + 1) * m])
 
     def barrier(self, deadline: float, *, digest: int = 0) -> None:
         """Returns once every local rank has called ``barrier``.
@@ -186,7 +210,28 @@ class LocalGroup(PreparedCalls):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- reductions ------------------------------------------------------------------------------
+    # -- pieces and reductions -------------------------------------------------------------------
+
+    def _pieces_for_peers(
+        self, flat: np.ndarray, m: int, body: bytes, deadline: float
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """Steps through ``flat``'s ``local_size`` blocks of ``m`` elements, one piece of every block per
+        step: copies the pieces of the other ranks' blocks into this rank's slot (rank ``r``'s at
+        ``r * piece``), meets the peers (``body``: the call's descriptor, on the first step), and yields
+        ``(lo, hi, parity, piece)``: the piece's range within a block, the slot parity it used, and the
+        piece length, so the caller reads from each peer's slot what that peer left for it."""
+        n, me = self._size, self._rank
+        piece = max(1, self._chunk(flat.dtype) // n)
+        for index in range(max(1, -(-m // piece))):
+            lo = index * piece
+            hi = min(m, lo + piece)
+            parity = self._parity()
+            slot = self._own(flat.dtype).inputs[parity]
+            for rank in range(n):
+                if rank != me:
+                    np.copyto(slot[rank * piece : rank * piece + hi - lo], flat[rank * m + lo : rank * m + hi])
+            self._step(deadline, body if index == 0 else None)
+            yield lo, hi, parity, piece
 
     def _reduce(self, buf: np.ndarray, op: ReduceOp, root: int | None, deadline: float, body: bytes) -> None:
         n, me, total = self._size, self._rank, buf.size

@@ -141,11 +141,12 @@ class PreparedCalls(StepEngine):
     def prepare_chunked(
         self, collective: str, dtype: np.dtype, count: int, arg: Any, digest: int
     ) -> ChunkedCall | None:
-        """What the fast path needs to run ``collective`` calls (all_reduce, broadcast, all_gather or
-        reduce_scatter) of ``count`` elements of ``dtype`` (per rank's block: all_gather's input,
-        reduce_scatter's output) with ``arg`` (op or root) through the group's own method, for calls
-        that take more than the one step of the ``prepare_*`` plans; None for calls that fit one
-        step, a group of one, or a reduction numpy has no loop for (bfloat16: the general path).
+        """What the fast path needs to run ``collective`` calls (all_reduce, broadcast, all_gather,
+        reduce_scatter or all_to_all) of ``count`` elements of ``dtype`` (per rank's block: all_gather's
+        input, reduce_scatter's output, one block of all_to_all's) with ``arg`` (op or root) through the
+        group's own method, for calls that take more than the one step of the ``prepare_*`` plans (every
+        all_to_all: it has no such plan); None for calls that fit one step, a group of one, or a
+        reduction numpy has no loop for (bfloat16: the general path).
 
         Raises:
             TypeError: ``op`` is not defined for ``dtype``. ValueError: a bad root.
@@ -159,6 +160,8 @@ class PreparedCalls(StepEngine):
             larger = count > self._broadcast_piece(dtype, count)
         elif collective == "all_gather":
             larger = count * dtype.itemsize > one_step
+        elif collective == "all_to_all":
+            larger = True
         else:
             check_op_dtype(arg, dtype)
             if native_ufunc(arg, dtype) is None:
