@@ -104,6 +104,14 @@ def every_collective(group: LocalGroup) -> list[bytes]:
             blocks = [make(r, dtype, n * length, salt=4)[me * length : (me + 1) * length] for r in range(n)]
             assert same_bits(received, np.concatenate(blocks)), f"all_to_all {dtype} {length}"
             for root in range(n):
+                collected = np.empty(n * length, dtype) if me == root else None
+                group.gather(mine, collected, root, time.monotonic() + 5)
+                assert collected is None or same_bits(collected, np.concatenate(parts)), f"gather {dtype} {root}"
+                share = np.empty(length, dtype)
+                whole = make(root, dtype, n * length, salt=6)
+                group.scatter(whole if me == root else None, share, root, time.monotonic() + 5)
+                assert same_bits(share, whole[me * length : (me + 1) * length]), f"scatter {dtype} root {root}"
+            for root in range(n):
                 buf = make(me, dtype, length, salt=3)
                 group.broadcast(buf, root, time.monotonic() + 5)
                 assert same_bits(buf, make(root, dtype, length, salt=3)), f"broadcast {dtype} root {root}"
@@ -116,6 +124,27 @@ def every_collective(group: LocalGroup) -> list[bytes]:
 def test_every_collective_matches_numpy_bit_for_bit(size: int) -> None:
     results = run_group(size, every_collective)
     assert all(r == results[0] for r in results), "all_reduce results differ between ranks"
+
+
+def test_gather_and_scatter_of_large_blocks_take_many_rounds() -> None:
+    # 4 KiB slots, 3 ranks: 1024 float32 per gather step, 341 per scatter piece.
+    def work(group: LocalGroup) -> None:
+        n, me, m = group.size, group.rank, 20_001
+        blocks = [make(r, np.dtype(np.float32), m, salt=7) for r in range(n)]
+        collected = np.zeros(n * m, np.float32) if me == 1 else None
+        group.gather(blocks[me], collected, 1, time.monotonic() + 10)
+        assert collected is None or same_bits(collected, np.concatenate(blocks))
+        in_place = np.zeros(n * m, np.float32)  # the root's src is its own block of out
+        in_place[me * m : (me + 1) * m] = blocks[me]
+        src = in_place[me * m : (me + 1) * m] if me == 2 else blocks[me]
+        group.gather(src, in_place if me == 2 else None, 2, time.monotonic() + 10)
+        assert me != 2 or same_bits(in_place, np.concatenate(blocks))
+        share = np.empty(m, np.float32)
+        whole = np.concatenate(blocks)
+        group.scatter(whole if me == 0 else None, share, 0, time.monotonic() + 10)
+        assert same_bits(share, blocks[me])
+
+    run_group(3, work)
 
 
 def test_all_to_all_of_large_blocks_takes_many_rounds() -> None:
@@ -199,6 +228,12 @@ def test_bad_arguments_fail_locally_before_anything_is_shared() -> None:
             group.reduce_scatter(np.arange(4.0), np.empty(4, np.float32), ReduceOp.SUM, time.monotonic() + 1)
         with pytest.raises(ValueError):
             group.all_to_all(np.arange(4.0), np.empty(5), time.monotonic() + 1)
+        with pytest.raises(ValueError):
+            group.gather(np.arange(4.0), None, 0, time.monotonic() + 1)  # the root needs out
+        with pytest.raises(ValueError):
+            group.scatter(None, np.empty(4), 0, time.monotonic() + 1)  # the root needs src
+        with pytest.raises(ValueError):
+            group.gather(np.arange(4.0), np.empty(4), 1, time.monotonic() + 1)  # no rank 1
         readonly = np.arange(3.0)
         readonly.flags.writeable = False
         with pytest.raises(ValueError):

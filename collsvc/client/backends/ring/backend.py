@@ -293,10 +293,22 @@ class RingBackend:
             finish_average(out, call.group.size)
 
     def gather(self, call: Call, src: np.ndarray, out: np.ndarray | None, root: int) -> None:
-        self._run_rooted(call, lambda ch: algorithms.gather(ch, src, out, root))
+        digest = call.signature.digest
+        self._dispatch(
+            call,
+            lambda shared: shared.gather(src, out, root, call.deadline, digest=digest),
+            lambda ch: algorithms.gather(ch, src, out, root),
+            rooted=True,
+        )
 
     def scatter(self, call: Call, src: np.ndarray | None, out: np.ndarray, root: int) -> None:
-        self._run_rooted(call, lambda ch: algorithms.scatter(ch, src, out, root))
+        digest = call.signature.digest
+        self._dispatch(
+            call,
+            lambda shared: shared.scatter(src, out, root, call.deadline, digest=digest),
+            lambda ch: algorithms.scatter(ch, src, out, root),
+            rooted=True,
+        )
 
     def all_to_all(self, call: Call, src: np.ndarray, out: np.ndarray) -> None:
         digest = call.signature.digest

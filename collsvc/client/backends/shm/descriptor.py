@@ -14,7 +14,17 @@ from collsvc.errors import CollectiveMismatchError
 from collsvc.types import DTYPE_CODES, OP_CODES, ReduceOp, numpy_dtype
 
 _DESC = struct.Struct("<QIIqqI")  # digest, collective, dtype code, count, root (-1: none), op code
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "all_to_all")
+COLLECTIVES = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "barrier",
+    "all_to_all",
+    "gather",
+    "scatter",
+)
 _OP_NAMES = {code: op.name for op, code in OP_CODES.items()}
 
 

@@ -192,6 +192,88 @@ class LocalGroup(PreparedCalls):
                         np.copyto(dst[rank * m + lo : rank * m + hi], part)
             np.copyto(dst[me * m : (me + 1) * m], flat[me * m : (me + 1) * m])
 
+    def gather(self, src: np.ndarray, out: np.ndarray | None, root: int, deadline: float, *, digest: int = 0) -> None:
+        """Local rank ``root``'s ``out`` (``local_size * len(src)``; None elsewhere) becomes every rank's
+        ``src`` in rank order. The others copy their ``src`` into their slot one piece per step; the
+        root copies each piece out.
+
+        Raises:
+            Same as :meth:`all_reduce`; ValueError for a bad root, or a missing or wrong ``out`` on it.
+        """
+        flat = _flat(src, "src", writable=False)
+        self._check_root(root)
+        n, me, m = self._size, self._rank, flat.size
+        dst = None
+        if me == root:
+            if out is None:
+                raise ValueError("gather needs an output array on the root")
+            dst = _flat(out, "out", writable=True)
+            self._check_sizes(flat, dst, dst.size == n * m, "out must have local_size * len(src) elements")
+            if np.shares_memory(flat, dst) and dst[me * m : (me + 1) * m].ctypes.data != flat.ctypes.data:
+                flat = flat.copy()
+        if self._solo():
+            if dst is not None:
+                np.copyto(dst, flat)
+            return
+        with self._call("gather", flat, m, None, root, digest, deadline) as body:
+            chunk = self._chunk(flat.dtype)
+            for index in range(max(1, -(-m // chunk))):
+                lo = index * chunk
+                hi = min(m, lo + chunk)
+                parity = self._parity()
+                if dst is None:
+                    np.copyto(self._own(flat.dtype).inputs[parity][: hi - lo], flat[lo:hi])
+                self._step(deadline, body if index == 0 else None)
+                if dst is not None:
+                    for rank in range(n):
+                        if rank != me:
+                            np.copyto(
+                                dst[rank * m + lo : rank * m + hi],
+                                self._peer(rank, flat.dtype).inputs[parity][: hi - lo],
+                            )
+            if dst is not None:
+                np.copyto(dst[me * m : (me + 1) * m], flat)
+
+    def scatter(self, src: np.ndarray | None, out: np.ndarray, root: int, deadline: float, *, digest: int = 0) -> None:
+        """Every local rank's ``out`` becomes its block of local rank ``root``'s ``src`` (``local_size``
+        blocks; None elsewhere). The root copies one piece of every other rank's block into its slot
+        per step; each rank copies its piece out.
+
+        Raises:
+            Same as :meth:`all_reduce`; ValueError for a bad root, or a missing or wrong ``src`` on it.
+        """
+        dst = _flat(out, "out", writable=True)
+        self._check_root(root)
+        n, me, m = self._size, self._rank, dst.size
+        flat = None
+        if me == root:
+            if src is None:
+                raise ValueError("scatter needs an input array on the root")
+            flat = _flat(src, "src", writable=False)
+            self._check_sizes(flat, dst, flat.size == n * m, "src must have local_size * len(out) elements")
+            if np.shares_memory(flat, dst):
+                flat = flat.copy()  # out is written while the other ranks' blocks are still to be sent
+        if self._solo():
+            if flat is not None:
+                np.copyto(dst, flat)
+            return
+        with self._call("scatter", dst, m, None, root, digest, deadline) as body:
+            piece = max(1, self._chunk(dst.dtype) // n)
+            for index in range(max(1, -(-m // piece))):
+                lo = index * piece
+                hi = min(m, lo + piece)
+                parity = self._parity()
+                if flat is not None:
+                    slot = self._own(dst.dtype).inputs[parity]
+                    for rank in range(n):
+                        if rank != me:
+                            np.copyto(slot[rank * piece : rank * piece + hi - lo], flat[rank * m + lo : rank * m + hi])
+                self._step(deadline, body if index == 0 else None)
+                if flat is None:
+                    np.copyto(dst[lo:hi], self._peer(root, dst.dtype).inputs[parity][me * piece : me * piece + hi - lo])
+            if flat is not None:
+                np.copyto(dst, flat[me * m : (me + 1) * m])
+
     def barrier(self, deadline: float, *, digest: int = 0) -> None:
         """Returns once every local rank has called ``barrier``.
 
