@@ -222,8 +222,11 @@ class RepeatedChunkedBroadcast(RepeatedCall):
     def _move(self, x: np.ndarray, out: np.ndarray | None, deadline: float) -> np.ndarray:
         root = self._plan.arg
         if root == self._group.rank:
-            self._group.broadcast(x, root, deadline, digest=self._plan.digest)
-            return x if out is x else x.copy()
+            sent = x if x.flags.writeable else x.copy()  # the group's method takes writable buffers only
+            self._group.broadcast(sent, root, deadline, digest=self._plan.digest)
+            if out is x:
+                return x
+            return sent if sent is not x else x.copy()
         result = x if out is x else np.empty_like(x)
         self._group.broadcast(result, root, deadline, digest=self._plan.digest)
         return result

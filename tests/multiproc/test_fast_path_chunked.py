@@ -71,6 +71,8 @@ def chunked_data_movement(comm: collsvc.Communicator) -> bool:
             what = f"broadcast {dtype} {shape} root {root}"
             expected = np.array(make(root, dtype, shape)).tobytes()
             x = np.array(make(comm.rank, dtype, shape))
+            if comm.rank == root:
+                x.flags.writeable = False  # the root's array is only read
             assert _three_times(lambda x=x, root=root: comm.broadcast(x, root)) == [expected] * 3, what
             y = np.array(make(comm.rank, dtype, shape))
             assert comm.broadcast(y, root, out=y) is y and y.tobytes() == expected, what
