@@ -39,7 +39,16 @@ def collective(op: str) -> Callable[[BufferSet], object]:
         return lambda bufs: ALL_GATHER(bufs[1], bufs[0])
     if op == "reduce_scatter":
         return lambda bufs: REDUCE_SCATTER(bufs[1], bufs[0])
+    if op == "gather":  # onto rank 0, into views of its output tensor
+        return lambda bufs: dist.gather(bufs[0], _blocks_on_root(bufs[1]), dst=0)
+    if op == "scatter":  # from rank 0, out of views of its input tensor
+        return lambda bufs: dist.scatter(bufs[1], _blocks_on_root(bufs[0]), src=0)
     return lambda bufs: dist.all_to_all_single(bufs[1], bufs[0])
+
+
+def _blocks_on_root(whole: torch.Tensor) -> list[torch.Tensor] | None:
+    """``whole`` as one view per rank on rank 0 (gather's and scatter's lists), None elsewhere."""
+    return list(whole.chunk(dist.get_world_size())) if dist.get_rank() == 0 else None
 
 
 def gather(values: list[float]) -> list[list[float]]:

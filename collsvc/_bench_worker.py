@@ -39,6 +39,10 @@ def _collective(comm: collsvc.Communicator, op: str) -> Callable[[BufferSet], ob
         return lambda bufs: comm.all_gather(bufs[0], out=bufs[1])
     if op == "reduce_scatter":
         return lambda bufs: comm.reduce_scatter(bufs[0], out=bufs[1])
+    if op == "gather":  # onto rank 0; the others' outputs stay unused
+        return lambda bufs: comm.gather(bufs[0], 0, out=bufs[1] if comm.rank == 0 else None)
+    if op == "scatter":  # from rank 0; the others pass no input
+        return lambda bufs: comm.scatter(bufs[0] if comm.rank == 0 else None, 0, out=bufs[1])
     return lambda bufs: comm.all_to_all(bufs[0], out=bufs[1])
 
 
@@ -64,6 +68,12 @@ def _check(comm: collsvc.Communicator, op: str, shape: bench_protocol.Layout, xp
         result, expected = comm.all_gather(x), rank_blocks
     elif op == "reduce_scatter":
         result, expected = comm.reduce_scatter(x), np.full(shape.count // n, total)
+    elif op == "gather":
+        result = comm.gather(x, 0)
+        expected = rank_blocks if rank == 0 else None
+    elif op == "scatter":  # rank 0's input holds 1 everywhere
+        block = xp.empty(shape.count // n, dtype=dtype)
+        result, expected = comm.scatter(x if rank == 0 else None, 0, out=block), np.ones(shape.count // n)
     else:
         result, expected = comm.all_to_all(x), rank_blocks
     if expected is None:

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter")
 # torch.distributed can only run these in place, so both sides do (collsvc with ``out=x``).
 IN_PLACE = frozenset({"all_reduce", "broadcast", "reduce"})
 # Collectives whose element count must be a multiple of the world size (one block per rank).
-_BLOCKED = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
+_BLOCKED = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
 
 # The buffer sets of one size should reach the last-level cache's size (32 MiB on the 2-core machine
 # the recorded numbers come from) when MAX_BUFFERS sets suffice for that, ...
@@ -83,8 +83,8 @@ def layout(op: str, nbytes: int, world_size: int, itemsize: int) -> Layout:
     count = max(nbytes // itemsize, 1)
     if op in _BLOCKED:
         count = max(count - count % world_size, world_size)
-    in_count = count // world_size if op == "all_gather" else count
-    separate_output = count // world_size if op == "reduce_scatter" else count
+    in_count = count // world_size if op in ("all_gather", "gather") else count
+    separate_output = count // world_size if op in ("reduce_scatter", "scatter") else count
     out_count = 0 if op in IN_PLACE else separate_output
     return Layout(count=count, in_count=in_count, out_count=out_count)
 
@@ -230,7 +230,7 @@ def measure(
 
 def bus_factor(op: str, world_size: int) -> float:
     """nccl-tests' bus bandwidth factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all
-    (n-1)/n; broadcast and reduce 1."""
+    (n-1)/n; broadcast and reduce 1; gather and scatter (n-1)/n (what passes through the root)."""
     if op == "all_reduce":
         return 2 * (world_size - 1) / world_size if world_size > 1 else 0.0
     if op in _BLOCKED:

@@ -87,10 +87,12 @@ def test_layout_follows_nccl_tests_sizes() -> None:
     assert layout("all_gather", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=256, out_count=1024)
     assert layout("reduce_scatter", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=1024, out_count=256)
     assert layout("all_to_all", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=1024, out_count=1024)
+    assert layout("gather", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=256, out_count=1024)
+    assert layout("scatter", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=1024, out_count=256)
     assert layout("broadcast", 4096, 4, 4).in_place and layout("reduce", 4096, 4, 4).in_place
 
 
-@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_to_all"])
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"])
 @pytest.mark.parametrize(("nbytes", "world_size"), [(4096, 3), (4, 4), (12, 5), (1, 2)])
 def test_blocked_layouts_give_every_rank_a_whole_block(op: str, nbytes: int, world_size: int) -> None:
     shape = layout(op, nbytes, world_size, 4)
@@ -138,6 +140,7 @@ def test_rotation_count_rejects_empty_sets() -> None:
 def test_bus_factors() -> None:
     assert bus_factor("all_reduce", 4) == 1.5
     assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == bus_factor("all_to_all", 4) == 0.75
+    assert bus_factor("gather", 4) == bus_factor("scatter", 4) == 0.75
     assert bus_factor("broadcast", 4) == bus_factor("reduce", 4) == 1.0
     assert bus_factor("all_reduce", 1) == 0.0
 
