@@ -2,7 +2,8 @@
 holding what a call of one (collective, dtype, shape, op or root) needs, worked out once.
 
 Calls that fit one shared-memory step run the group's prepared methods (``shm/prepared.py``); larger
-ones (``RepeatedChunked*``) run the group's own pipelined method directly: the same steps and
+ones (``RepeatedChunked*``) and every all_to_all (``RepeatedAllToAll``) run the group's own pipelined
+method directly: the same steps and
 descriptors as the general path, without the general layers around it (argument adaptation, work
 buffers, a ``Call``, recorder spans, the group lookup), which cost tens of microseconds per call.
 """
