@@ -200,6 +200,6 @@ class Operand:
         kind = like or self.adapted
         return from_device(result, kind) if self.on_device else from_host(result, kind)
 
-    def finish_buffer(self, buffer: Buffer, shape: tuple[int, ...]) -> Any:
-        """:meth:`finish` for a work or landing buffer, reshaped to ``shape``."""
-        return self.finish(buffer.array.reshape(shape), is_out=buffer.is_out)
+    def finish_buffer(self, buffer: Buffer, shape: tuple[int, ...], *, like: Adapted | None = None) -> Any:
+        """:meth:`finish` for a work, landing or result buffer, reshaped to ``shape``."""
+        return self.finish(buffer.array.reshape(shape), is_out=buffer.is_out, like=like)

@@ -267,7 +267,7 @@ def scatter(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
         # Straight into a usable out: the root's apart from its input, the others' (which read nothing).
         buffer = operand.result_buffer(block_shape) if is_root else operand.landing_buffer()
         backend.scatter(call, operand.flat() if is_root else None, buffer.array, src)
-        return operand.finish(buffer.array.reshape(block_shape), is_out=buffer.is_out, like=like)
+        return operand.finish_buffer(buffer, block_shape, like=like)
 
     return Planned(Signature.of("scatter", operand.dtype, full_shape, root=src), body, operand.on_device)
 

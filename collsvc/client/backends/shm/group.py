@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from collsvc.client.backends.reduction import finish_average, reduce_parts
-from collsvc.client.backends.shm.prepared import DIRECT_BYTES, PreparedCalls
+from collsvc.client.backends.shm.prepared import PreparedCalls
 from collsvc.types import ReduceOp, check_op_dtype
 
 
@@ -90,15 +90,10 @@ class LocalGroup(PreparedCalls):
         if self._solo():
             return
         with self._call("broadcast", flat, flat.size, None, root, digest, deadline) as body:
-            chunk = self._broadcast_piece(flat.dtype, flat.size)
-            for index in range(max(1, -(-flat.size // chunk))):
-                lo = index * chunk
-                hi = min(flat.size, lo + chunk)
-                parity = self._parity()
-                if self._rank == root:
-                    np.copyto(self._own(flat.dtype).inputs[parity][: hi - lo], flat[lo:hi])
-                self._step(deadline, body if index == 0 else None)
-                if self._rank != root:
+            piece = self._broadcast_piece(flat.dtype, flat.size)
+            sent = flat if self._rank == root else None
+            for lo, hi, parity in self._own_pieces(sent, flat.dtype, flat.size, piece, body, deadline):
+                if sent is None:
                     np.copyto(flat[lo:hi], self._peer(root, flat.dtype).inputs[parity][: hi - lo])
 
     def all_gather(self, src: np.ndarray, out: np.ndarray, deadline: float, *, digest: int = 0) -> None:
@@ -119,17 +114,8 @@ class LocalGroup(PreparedCalls):
             np.copyto(dst, flat)
             return
         with self._call("all_gather", flat, m, None, None, digest, deadline) as body:
-            chunk = self._chunk(flat.dtype)
-            for index in range(max(1, -(-m // chunk))):
-                lo = index * chunk
-                hi = min(m, lo + chunk)
-                parity = self._parity()
-                np.copyto(self._own(flat.dtype).inputs[parity][: hi - lo], flat[lo:hi])
-                self._step(deadline, body if index == 0 else None)
-                for rank in range(n):
-                    if rank != me:
-                        part = self._peer(rank, flat.dtype).inputs[parity][: hi - lo]
-                        np.copyto(dst[rank * m + lo : rank * m + hi], part)
+            for lo, hi, parity in self._own_pieces(flat, flat.dtype, m, self._chunk(flat.dtype), body, deadline):
+                self._copy_peers_pieces(dst, m, lo, hi, parity)
             if not in_place:
                 np.copyto(own_block, flat)
 
@@ -152,7 +138,7 @@ class LocalGroup(PreparedCalls):
             np.copyto(dst, flat)
             return
         with self._call("reduce_scatter", flat, m, op, None, digest, deadline) as body:
-            for lo, hi, parity, piece in self._pieces_for_peers(flat, m, body, deadline):
+            for lo, hi, parity, piece in self._pieces_for_peers(flat, flat.dtype, m, body, deadline):
                 parts = [
                     flat[me * m + lo : me * m + hi]
                     if rank == me
@@ -185,7 +171,7 @@ class LocalGroup(PreparedCalls):
             np.copyto(dst, flat)
             return
         with self._call("all_to_all", flat, m, None, None, digest, deadline) as body:
-            for lo, hi, parity, piece in self._pieces_for_peers(flat, m, body, deadline):
+            for lo, hi, parity, piece in self._pieces_for_peers(flat, flat.dtype, m, body, deadline):
                 for rank in range(n):
                     if rank != me:
                         part = self._peer(rank, flat.dtype).inputs[parity][me * piece : me * piece + hi - lo]
@@ -216,21 +202,10 @@ class LocalGroup(PreparedCalls):
                 np.copyto(dst, flat)
             return
         with self._call("gather", flat, m, None, root, digest, deadline) as body:
-            chunk = self._chunk(flat.dtype)
-            for index in range(max(1, -(-m // chunk))):
-                lo = index * chunk
-                hi = min(m, lo + chunk)
-                parity = self._parity()
-                if dst is None:
-                    np.copyto(self._own(flat.dtype).inputs[parity][: hi - lo], flat[lo:hi])
-                self._step(deadline, body if index == 0 else None)
+            sent = flat if dst is None else None  # the root publishes nothing
+            for lo, hi, parity in self._own_pieces(sent, flat.dtype, m, self._chunk(flat.dtype), body, deadline):
                 if dst is not None:
-                    for rank in range(n):
-                        if rank != me:
-                            np.copyto(
-                                dst[rank * m + lo : rank * m + hi],
-                                self._peer(rank, flat.dtype).inputs[parity][: hi - lo],
-                            )
+                    self._copy_peers_pieces(dst, m, lo, hi, parity)
             if dst is not None:
                 np.copyto(dst[me * m : (me + 1) * m], flat)
 
@@ -258,17 +233,7 @@ class LocalGroup(PreparedCalls):
                 np.copyto(dst, flat)
             return
         with self._call("scatter", dst, m, None, root, digest, deadline) as body:
-            piece = max(1, self._chunk(dst.dtype) // n)
-            for index in range(max(1, -(-m // piece))):
-                lo = index * piece
-                hi = min(m, lo + piece)
-                parity = self._parity()
-                if flat is not None:
-                    slot = self._own(dst.dtype).inputs[parity]
-                    for rank in range(n):
-                        if rank != me:
-                            np.copyto(slot[rank * piece : rank * piece + hi - lo], flat[rank * m + lo : rank * m + hi])
-                self._step(deadline, body if index == 0 else None)
+            for lo, hi, parity, piece in self._pieces_for_peers(flat, dst.dtype, m, body, deadline):
                 if flat is None:
                     np.copyto(dst[lo:hi], self._peer(root, dst.dtype).inputs[parity][me * piece : me * piece + hi - lo])
             if flat is not None:
@@ -294,24 +259,49 @@ class LocalGroup(PreparedCalls):
 
     # -- pieces and reductions -------------------------------------------------------------------
 
-    def _pieces_for_peers(
-        self, flat: np.ndarray, m: int, body: bytes, deadline: float
-    ) -> Iterator[tuple[int, int, int, int]]:
-        """Steps through ``flat``'s ``local_size`` blocks of ``m`` elements, one piece of every block per
-        step: copies the pieces of the other ranks' blocks into this rank's slot (rank ``r``'s at
-        ``r * piece``), meets the peers (``body``: the call's descriptor, on the first step), and yields
-        ``(lo, hi, parity, piece)``: the piece's range within a block, the slot parity it used, and the
-        piece length, so the caller reads from each peer's slot what that peer left for it."""
-        n, me = self._size, self._rank
-        piece = max(1, self._chunk(flat.dtype) // n)
+    def _own_pieces(
+        self, flat: np.ndarray | None, dtype: np.dtype, m: int, piece: int, body: bytes, deadline: float
+    ) -> Iterator[tuple[int, int, int]]:
+        """Steps through a block of ``m`` elements of ``dtype``, ``piece`` at a time: copies this rank's
+        piece of ``flat`` into the start of its slot (None: it publishes nothing), meets the peers
+        (``body``: the call's descriptor, on the first step), and yields ``(lo, hi, parity)``: the
+        piece's range and the slot parity it used, so the caller reads what the others published."""
         for index in range(max(1, -(-m // piece))):
             lo = index * piece
             hi = min(m, lo + piece)
             parity = self._parity()
-            slot = self._own(flat.dtype).inputs[parity]
-            for rank in range(n):
-                if rank != me:
-                    np.copyto(slot[rank * piece : rank * piece + hi - lo], flat[rank * m + lo : rank * m + hi])
+            if flat is not None:
+                np.copyto(self._own(dtype).inputs[parity][: hi - lo], flat[lo:hi])
+            self._step(deadline, body if index == 0 else None)
+            yield lo, hi, parity
+
+    def _copy_peers_pieces(self, dst: np.ndarray, m: int, lo: int, hi: int, parity: int) -> None:
+        """Copies the piece ``lo:hi`` that every other rank published with :meth:`_own_pieces` (slot
+        parity ``parity``) into its block of ``dst`` (``local_size`` blocks of ``m`` elements)."""
+        for rank in range(self._size):
+            if rank != self._rank:
+                np.copyto(dst[rank * m + lo : rank * m + hi], self._peer(rank, dst.dtype).inputs[parity][: hi - lo])
+
+    def _pieces_for_peers(
+        self, flat: np.ndarray | None, dtype: np.dtype, m: int, body: bytes, deadline: float
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """Steps through ``flat``'s ``local_size`` blocks of ``m`` elements of ``dtype``, one piece of
+        every block per step: copies the pieces of the other ranks' blocks into this rank's slot (rank
+        ``r``'s at ``r * piece``; None: it publishes nothing), meets the peers (``body``: the call's
+        descriptor, on the first step), and yields ``(lo, hi, parity, piece)``: the piece's range within
+        a block, the slot parity it used, and the piece length, so the caller reads from each peer's
+        slot what that peer left for it."""
+        n, me = self._size, self._rank
+        piece = max(1, self._chunk(dtype) // n)
+        for index in range(max(1, -(-m // piece))):
+            lo = index * piece
+            hi = min(m, lo + piece)
+            parity = self._parity()
+            if flat is not None:
+                slot = self._own(dtype).inputs[parity]
+                for rank in range(n):
+                    if rank != me:
+                        np.copyto(slot[rank * piece : rank * piece + hi - lo], flat[rank * m + lo : rank * m + hi])
             self._step(deadline, body if index == 0 else None)
             yield lo, hi, parity, piece
 
@@ -319,7 +309,7 @@ class LocalGroup(PreparedCalls):
         n, me, total = self._size, self._rank, buf.size
         views = self._all_views(buf.dtype)
         gather = root is None or root == me
-        if total * buf.dtype.itemsize <= min(DIRECT_BYTES, self._layout.slot_bytes):
+        if self._direct(total * buf.dtype.itemsize):
             parity = self._parity()
             views[me].inputs[parity][:total] = buf  # slice assignment: numpy's copyto wrapper costs more
             self._step(deadline, body)

@@ -103,6 +103,25 @@ class PreparedCalls(StepEngine):
             return chunk
         return min(chunk, -(-count // BROADCAST_PIECES))
 
+    def _direct(self, nbytes: int) -> bool:
+        """Whether a call of ``nbytes`` goes in one step where every rank handles all the data itself:
+        all_reduce and reduce do below this (``LocalGroup._reduce``), and the one-step plans of
+        all_reduce and all_gather cover the same sizes."""
+        return nbytes <= min(DIRECT_BYTES, self._layout.slot_bytes)
+
+    def _has_plan(self, collective: str, dtype: np.dtype, count: int) -> bool:
+        """Whether ``collective`` calls of ``count`` elements of ``dtype`` (per block, as for
+        :meth:`prepare_chunked`) get a one-step plan from the ``prepare_*`` methods; the others (every
+        all_to_all) run the group's own method (:meth:`prepare_chunked`)."""
+        if collective == "broadcast":
+            return count <= self._broadcast_piece(dtype, count)
+        if collective == "reduce_scatter":
+            n = self._size
+            return count <= self._chunk(dtype) // n and n * count * dtype.itemsize <= DIRECT_BYTES
+        if collective == "all_to_all":
+            return False
+        return self._direct(count * dtype.itemsize)  # all_reduce, all_gather
+
     def _begin(self) -> int:
         """Starts a prepared call: raises if the group failed or closed (as :meth:`_solo`, inline: this
         runs on every repeated call); returns its step's parity."""
@@ -152,26 +171,15 @@ class PreparedCalls(StepEngine):
             TypeError: ``op`` is not defined for ``dtype``. ValueError: a bad root.
             CollsvcError: the group failed or is closed.
         """
-        if self._solo() or count <= 0:
-            return None
-        one_step = min(DIRECT_BYTES, self._layout.slot_bytes)
         if collective == "broadcast":
             self._check_root(arg)
-            larger = count > self._broadcast_piece(dtype, count)
-        elif collective == "all_gather":
-            larger = count * dtype.itemsize > one_step
-        elif collective == "all_to_all":
-            larger = True
-        else:
+        elif collective in ("all_reduce", "reduce_scatter"):
             check_op_dtype(arg, dtype)
             if native_ufunc(arg, dtype) is None:
                 return None
-            if collective == "all_reduce":
-                larger = count * dtype.itemsize > one_step
-            else:
-                block = self._chunk(dtype) // self._size
-                larger = count > block or self._size * count * dtype.itemsize > DIRECT_BYTES
-        return ChunkedCall(arg, digest) if larger else None
+        if self._solo() or count <= 0 or self._has_plan(collective, dtype, count):
+            return None
+        return ChunkedCall(arg, digest)
 
     # -- repeated small all_reduce -------------------------------------------------------------------
 
@@ -189,8 +197,7 @@ class PreparedCalls(StepEngine):
         """
         check_op_dtype(op, dtype)
         ufunc = native_ufunc(op, dtype)
-        nbytes = count * dtype.itemsize
-        if self._solo() or ufunc is None or not 0 < nbytes <= min(DIRECT_BYTES, self._layout.slot_bytes):
+        if self._solo() or ufunc is None or count <= 0 or not self._has_plan("all_reduce", dtype, count):
             return None
         views = self._all_views(dtype)
         inputs = [
@@ -242,7 +249,7 @@ class PreparedCalls(StepEngine):
             ValueError: a bad root. CollsvcError: the group failed or is closed.
         """
         self._check_root(root)
-        if self._solo() or not 0 < count <= self._broadcast_piece(dtype, count):
+        if self._solo() or count <= 0 or not self._has_plan("broadcast", dtype, count):
             return None
         views = self._all_views(dtype)
         slots = tuple(
@@ -280,7 +287,7 @@ class PreparedCalls(StepEngine):
         Raises:
             CollsvcError: the group failed or is closed.
         """
-        if self._solo() or not 0 < count * dtype.itemsize <= min(DIRECT_BYTES, self._layout.slot_bytes):
+        if self._solo() or count <= 0 or not self._has_plan("all_gather", dtype, count):
             return None
         views = self._all_views(dtype)
         return SmallAllGather(
@@ -326,7 +333,7 @@ class PreparedCalls(StepEngine):
         check_op_dtype(op, dtype)
         n, me = self._size, self._rank
         block = self._chunk(dtype) // max(n, 1)
-        if self._solo() or not 0 < count <= block or n * count * dtype.itemsize > DIRECT_BYTES:
+        if self._solo() or count <= 0 or not self._has_plan("reduce_scatter", dtype, count):
             return None
         views = self._all_views(dtype)
         return SmallReduceScatter(
