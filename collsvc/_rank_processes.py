@@ -15,8 +15,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from collsvc._output import LinePump
+
+if TYPE_CHECKING:
+    from collsvc._forked_ranks import ForkedProcess
 
 _STDERR_TAIL_BYTES = 4000  # of a failed rank's stderr, in its error
 
@@ -42,7 +46,7 @@ class RankProcess:
     """
 
     rank: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     pumps: tuple[LinePump, LinePump]
     returncode: int | None = None
 

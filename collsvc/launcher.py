@@ -12,8 +12,6 @@ SIGINT / SIGTERM to the launcher are forwarded the same way.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import queue
 import secrets
@@ -25,12 +23,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from collsvc._embedded_coordinator import EmbeddedCoordinator
+from collsvc._forked_ranks import ForkedProcess, ForkServer, can_fork, signal_group
 from collsvc._join_relay import JoinRelay, start_relay
+from collsvc._launch_spec import LaunchSpec, rank_env
 from collsvc._output import LinePump, write_line
 from collsvc._parent_watch import wrap_command
 from collsvc._rank_processes import RankProcess, Supervision, describe_exit
@@ -40,92 +40,6 @@ from collsvc.failure_report import REPORT_DIR_ENV, failure_summary, read_reports
 EXIT_TIMEOUT = 124  # like coreutils timeout(1)
 _AFTER_KILL_WAIT = 5.0  # seconds to wait for SIGKILLed ranks to be reaped before giving up on them
 _PUMP_JOIN = 2.0  # seconds to let the output copiers drain after the ranks exited
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchSpec:
-    """What ``collsvc run`` starts.
-
-    Attributes:
-        command: the argv of one rank (``[sys.executable, "train.py", ...]``).
-        nproc: ranks on this node.
-        nnodes: nodes in the job; the world size is ``nnodes * nproc``.
-        node_rank: this node's index; its ranks are ``node_rank * nproc + i``.
-        coordinator: ``host:port`` of an external coordinator, or None for an embedded one.
-        token: the job token for an external coordinator (the embedded one makes its own).
-        job_id: passed to the ranks as ``COLLSVC_JOB_ID``.
-        grace: seconds between SIGTERM and SIGKILL when stopping ranks.
-        timeout: seconds the whole job may run before it is stopped, or None for no limit.
-        min_ranks: elastic: failed ranks do not stop the job while this many remain (None: not elastic).
-        max_restarts: elastic: replacements started for failed ranks, in total.
-    """
-
-    command: Sequence[str]
-    nproc: int
-    nnodes: int = 1
-    node_rank: int = 0
-    coordinator: str | None = None
-    token: str | None = None
-    job_id: str = "default"
-    grace: float = 3.0
-    timeout: float | None = None
-    # Elastic supervision (collsvc/elastic/launch.py): --min-ranks, --max-restarts.
-    min_ranks: int | None = None
-    max_restarts: int = 0
-
-    def __post_init__(self) -> None:
-        if self.nproc < 1:
-            raise ValueError(f"-n must be >= 1, got {self.nproc}")
-        if self.nnodes < 1:
-            raise ValueError(f"--nnodes must be >= 1, got {self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"--node-rank {self.node_rank} is outside [0, {self.nnodes})")
-        if self.nnodes > 1 and self.coordinator is None:
-            raise ValueError("--nnodes > 1 needs --coordinator HOST:PORT (a coordinator every node can reach)")
-        if self.grace < 0:
-            raise ValueError(f"--grace must be >= 0, got {self.grace}")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
-        if not self.command:
-            raise ValueError("no command to run")
-        if self.max_restarts < 0:
-            raise ValueError(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if self.min_ranks is not None and not 1 <= self.min_ranks <= self.nproc:
-            raise ValueError(f"--min-ranks must be between 1 and -n ({self.nproc}), got {self.min_ranks}")
-
-    @property
-    def elastic(self) -> bool:
-        """Whether failed ranks may be dropped or replaced (``--min-ranks`` / ``--max-restarts``)."""
-        return self.min_ranks is not None or self.max_restarts > 0
-
-
-def rank_env(
-    base: Mapping[str, str], spec: LaunchSpec, coordinator: str, token: str | None, local_rank: int
-) -> dict[str, str]:
-    """The environment of local rank ``local_rank``: ``base`` plus the ``COLLSVC_*`` variables init reads."""
-    env = dict(base)
-    env.update(thread_defaults(base, spec.nproc))
-    env.update(
-        COLLSVC_COORDINATOR=coordinator,
-        COLLSVC_WORLD_SIZE=str(spec.nnodes * spec.nproc),
-        COLLSVC_RANK=str(spec.node_rank * spec.nproc + local_rank),
-        COLLSVC_LOCAL_RANK=str(local_rank),
-        COLLSVC_JOB_ID=spec.job_id,
-        COLLSVC_LEAVE_ON_SIGTERM="1",  # the launcher stops ranks with SIGTERM: they leave, not fail
-        PYTHONUNBUFFERED="1",
-    )
-    if token:
-        env["COLLSVC_TOKEN"] = token
-    else:
-        env.pop("COLLSVC_TOKEN", None)
-    # Ranks must import the launcher's collsvc, also from a source tree only on the launcher's path
-    # (python -m collsvc in a checkout); never for site-packages, which would precede the standard library.
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if package_parent not in parts:
-            env["PYTHONPATH"] = os.pathsep.join([package_parent, *parts])
-    return env
 
 
 class Launcher:
@@ -150,6 +64,7 @@ class Launcher:
         self._report_dir: str | None = None  # where ranks write why they failed (failure_report)
         self.embedded: EmbeddedCoordinator | None = None  # started once the ranks are (see launch)
         self._relay: JoinRelay | None = None  # joins the ranks in one call (see run)
+        self._fork_server: ForkServer | None = None  # started with the first rank (see _spawn)
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -182,7 +97,10 @@ class Launcher:
             if ready is not None:  # the ranks wait for it (see collsvc/_embedded_coordinator.py)
                 env[COORDINATOR_READY_ENV] = ready[1]
             env.update(self._relay.environment() if self._relay is not None else {})
-            self._start_process(rank, f"rank {rank}", env, pass_fds=(ready[0],) if ready is not None else ())
+            pass_fds = (ready[0],) if ready is not None else ()
+            if self._fork_server is None and can_fork(self.spec.start_method, self.spec.command):
+                self._fork_server = ForkServer(env, pass_fds)
+            self._start_process(rank, f"rank {rank}", env, pass_fds)
 
     def _start_process(
         self, ident: int, label: str, env: dict[str, str], pass_fds: tuple[int, ...] = ()
@@ -194,17 +112,22 @@ class Launcher:
         """
         if self._report_dir is not None:
             env[REPORT_DIR_ENV] = self._report_dir
-        # The process dies with this one even when it is SIGKILLed (see collsvc/_parent_watch.py). Linux
-        # ties that to the thread that starts it: this one, which supervises the ranks until they exit.
-        process = subprocess.Popen(
-            wrap_command(self.spec.command, os.getpid()),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group: stopping a rank stops its children
-            pass_fds=pass_fds,
-        )
+        process: ForkedProcess | subprocess.Popen[bytes]
+        if self._fork_server is not None:
+            process = self._fork_server.start(ident, self.spec.command, env, pass_fds)
+        else:
+            # The process dies with this one even when it is SIGKILLed (see collsvc/_parent_watch.py). Linux
+            # ties that to the thread that starts it: this one, which supervises the ranks until they exit
+            # (and which starts the fork server, which the forked ranks die with).
+            process = subprocess.Popen(
+                wrap_command(self.spec.command, os.getpid()),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: stopping a rank stops its children
+                pass_fds=pass_fds,
+            )
         assert process.stdout is not None and process.stderr is not None
         prefix = f"[{label}] "
         pumps = (LinePump(process.stdout, sys.stdout, prefix), LinePump(process.stderr, sys.stderr, prefix))
@@ -217,14 +140,13 @@ class Launcher:
         ).start()
         return entry
 
-    def _wait_one(self, rank: int, process: subprocess.Popen[bytes]) -> None:
+    def _wait_one(self, rank: int, process: ForkedProcess | subprocess.Popen[bytes]) -> None:
         self._events.put(("exit", rank, process.wait()))
 
     def _signal_all(self, signum: int) -> None:
         self._signals_sent.add(signum)
         for entry in self._ranks:
-            with contextlib.suppress(OSError):  # OSError: the whole group is gone already
-                os.killpg(entry.process.pid, signum)
+            signal_group(entry.process, signum)
 
     # -- the supervision loop --------------------------------------------------------------------
 
@@ -254,6 +176,8 @@ class Launcher:
                 return 1
             return self._supervise()
         finally:
+            if self._fork_server is not None:
+                self._fork_server.close()
             if self._relay is not None:
                 self._relay.close()
             for signum, handler in previous.items():

@@ -16,8 +16,9 @@ import os
 import secrets
 import signal
 
+from collsvc._launch_spec import LaunchSpec, rank_env
 from collsvc._rank_processes import RankProcess, Supervision, describe_exit
-from collsvc.launcher import EXIT_TIMEOUT, Launcher, LaunchSpec, rank_env
+from collsvc.launcher import EXIT_TIMEOUT, Launcher
 
 JOIN_ENV = "COLLSVC_ELASTIC_JOIN"  # the same name collsvc.elastic.membership reads
 

@@ -54,6 +54,17 @@ def run_cli(*args: str, timeout: float = 60.0, cwd: Path | None = None, **env: s
     )
 
 
+def start_cli(*args: str) -> subprocess.Popen[bytes]:
+    """Starts ``python -m collsvc ARGS`` with piped stdout and stderr (the caller bounds its life)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "collsvc", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(),
+    )
+
+
 def script(tmp_path: Path, name: str, body: str) -> str:
     path = tmp_path / name
     path.write_text(textwrap.dedent(body), encoding="utf-8")

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 import collsvc as collsvc_pkg
-from collsvc.launcher import LaunchSpec, describe_exit, rank_env
-from tests.cli._util import HOST, NOWHERE, cli_env, gone, run_cli, script, summary_lines
+from collsvc._launch_spec import LaunchSpec, rank_env
+from collsvc._rank_processes import describe_exit
+from tests.cli._util import HOST, NOWHERE, gone, run_cli, script, start_cli, summary_lines
 
 BLOCK_FOREVER = "import threading; threading.Event().wait()"
 
@@ -134,13 +133,7 @@ def test_sigterm_ignoring_sibling_and_its_children_are_killed_after_grace(tmp_pa
 
 def test_sigterm_to_run_is_forwarded(tmp_path: Path) -> None:
     path = script(tmp_path, "up.py", f"print('up', flush=True)\n{BLOCK_FOREVER}\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "collsvc", "run", "-n", "2", "--coordinator", NOWHERE, path],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(),
-    )
+    proc = start_cli("run", "-n", "2", "--coordinator", NOWHERE, path)
     watchdog = threading.Timer(30.0, proc.kill)
     watchdog.start()
     try:

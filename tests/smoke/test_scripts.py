@@ -80,7 +80,8 @@ SMOKE: dict[str, Smoke] = {
         "ranks=10 ranks_per_host=4 join+barrier seconds=",
     ),
     "benchmarks/startup_time.py": Smoke(
-        ("benchmarks/startup_time.py", "-n", "2", "--repeats", "1"), "collsvc run -n 2 to first barrier: median"
+        ("benchmarks/startup_time.py", "-n", "2", "--repeats", "1", "--start-methods", "fork-server", "spawn"),
+        "runs=1 spawn_median_s=",
     ),
     "benchmarks/timeline_overhead.py": Smoke(
         ("benchmarks/timeline_overhead.py", "-n", "2", "--steps", "5", "--repeats", "1", "--calls", "2000"),
