@@ -6,7 +6,10 @@ before their scripts run; one interpreter that imports them once and forks four 
 all, and each forked rank starts its script within milliseconds. The launcher starts it through
 ``collsvc/_parent_watch.py``, so it dies with the launcher::
 
-    python -m collsvc._fork_server SOCKET_FD
+    python -m collsvc._fork_server SOCKET_FD [MODULE ...]
+
+Besides :data:`PRELOADED` it loads the MODULEs the launcher names: the torch modules a script imports at
+its top (:func:`script_preloads`), ~2 s of CPU per rank otherwise.
 
 The launcher sends requests over the ``SOCK_SEQPACKET`` socket ``SOCKET_FD``, one JSON object per
 message: ``{"start": IDENT, "command": [...], "env": {...}, "keep_fds": [...]}`` with the rank's stdout
@@ -25,6 +28,7 @@ creates its threads only once a channel or server exists, which happens in the r
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import importlib
@@ -232,14 +236,42 @@ def _rank_main(request: dict[str, Any], server_pid: int) -> NoReturn:
     raise SystemExit(0)
 
 
+def script_preloads(command: Sequence[str]) -> list[str]:
+    """The torch modules (``torch``, ``torch.*``, ``collsvc.torch``) a script imports at its top level
+    (also inside top-level ``try`` and ``if`` blocks), which the server loads for its ranks; none for a
+    module (``-m``), a script it cannot read or parse, or another command. Importing torch starts no
+    thread and no CUDA context, so the ranks fork from it as torch's own DataLoader workers do."""
+    target = python_target(command)
+    if target is None or target[0] == "-m":
+        return []
+    try:
+        with open(target[0], "rb") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    statements: list[ast.stmt] = list(tree.body)
+    while statements:
+        statement = statements.pop(0)
+        if isinstance(statement, ast.Import):
+            names += [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and statement.module and not statement.level:
+            names.append(statement.module)
+        elif isinstance(statement, (ast.If, ast.Try)):
+            statements += statement.body + statement.orelse
+    wanted = [n for n in names if n == "torch" or n.startswith("torch.") or n == "collsvc.torch"]
+    return list(dict.fromkeys(wanted))
+
+
 def main(argv: Sequence[str]) -> None:
-    """Loads :data:`PRELOADED`, then serves the launcher on the socket whose fd is ``argv[0]``."""
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: _fork_server.py SOCKET_FD", file=sys.stderr)
+    """Loads :data:`PRELOADED` and the modules ``argv[1:]``, then serves the launcher on the socket whose
+    fd is ``argv[0]``."""
+    if not argv or not argv[0].isdigit():
+        print("usage: _fork_server.py SOCKET_FD [MODULE ...]", file=sys.stderr)
         sys.exit(_EXIT_USAGE)
     channel = socket.socket(fileno=int(argv[0]))
     before = set(os.listdir("/proc/self/fd"))
-    for name in PRELOADED:
+    for name in (*PRELOADED, *argv[1:]):
         with contextlib.suppress(Exception):  # the rank imports it again, and reports what fails
             importlib.import_module(name)
     preload_fds = [int(fd) for fd in set(os.listdir("/proc/self/fd")) - before]  # theirs: kept in ranks

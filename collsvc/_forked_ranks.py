@@ -80,15 +80,16 @@ class ForkServer:
     Args:
         env: the server's environment (a rank's: what the ranks import depends on it).
         pass_fds: descriptors every rank inherits (through the server).
+        preload: modules the server loads besides its own list (``script_preloads``).
 
     Raises:
         OSError: the server could not be started.
     """
 
-    def __init__(self, env: Mapping[str, str], pass_fds: Sequence[int] = ()) -> None:
+    def __init__(self, env: Mapping[str, str], pass_fds: Sequence[int] = (), preload: Sequence[str] = ()) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            command = [sys.executable, "-m", _SERVER_MODULE, str(theirs.fileno())]
+            command = [sys.executable, "-m", _SERVER_MODULE, str(theirs.fileno()), *preload]
             self._process = subprocess.Popen(
                 wrap_command(command, os.getpid()),  # it dies with the launcher, and its ranks with it
                 env=dict(env),

@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 from collsvc._embedded_coordinator import EmbeddedCoordinator
+from collsvc._fork_server import script_preloads
 from collsvc._forked_ranks import ForkedProcess, ForkServer, can_fork, signal_group
 from collsvc._join_relay import JoinRelay, start_relay
 from collsvc._launch_spec import LaunchSpec, rank_env
@@ -99,7 +100,7 @@ class Launcher:
             env.update(self._relay.environment() if self._relay is not None else {})
             pass_fds = (ready[0],) if ready is not None else ()
             if self._fork_server is None and can_fork(self.spec.start_method, self.spec.command):
-                self._fork_server = ForkServer(env, pass_fds)
+                self._fork_server = ForkServer(env, pass_fds, script_preloads(self.spec.command))
             self._start_process(rank, f"rank {rank}", env, pass_fds)
 
     def _start_process(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from collsvc import _parent_watch
-from collsvc._fork_server import python_target
+from collsvc._fork_server import python_target, script_preloads
 from tests.cli._util import HOST, NOWHERE, gone, run_cli, script, start_cli, summary_lines
 
 pytestmark = pytest.mark.skipif(not _parent_watch.supported(), reason="the fork server is Linux only")
@@ -67,6 +67,49 @@ def test_python_target_takes_scripts_and_modules_only() -> None:
     assert python_target(["/other/python", "train.py"]) is None
     assert python_target([sys.executable, "-m"]) is None
     assert python_target([sys.executable]) is None
+
+
+def test_the_server_loads_the_torch_modules_a_script_imports_at_its_top(tmp_path: Path) -> None:
+    path = script(
+        tmp_path,
+        "uses_torch.py",
+        """
+        import os
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        try:
+            import collsvc.torch
+        except ImportError:
+            pass
+        import numpy, torchvision_lookalike
+        def later():
+            import torch.fx  # not at the top: loaded when called
+        """,
+    )
+    assert script_preloads([sys.executable, path]) == ["torch.distributed", "torch.nn.parallel", "collsvc.torch"]
+    assert script_preloads([sys.executable, "-m", "pkg"]) == []
+    assert script_preloads([sys.executable, str(tmp_path / "missing.py")]) == []
+    assert script_preloads(["bash", path]) == []
+
+
+def test_a_torch_script_finds_torch_loaded(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    path = script(
+        tmp_path,
+        "torch_first.py",
+        """
+        import sys
+        print("TORCH_LOADED", "torch" in sys.modules, flush=True)
+        import torch
+        print("SUM", int(torch.ones(3).sum()), flush=True)
+        """,
+    )
+    for method, loaded in (("fork-server", "True"), ("spawn", "False")):
+        res = run_cli("run", "-n", "2", "--coordinator", NOWHERE, "--start-method", method, path, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert sorted(res.lines("stdout")) == sorted(
+            [f"[rank {r}] TORCH_LOADED {loaded}" for r in (0, 1)] + [f"[rank {r}] SUM 3" for r in (0, 1)]
+        )
 
 
 def test_a_forked_rank_sees_what_a_fresh_interpreter_sees(tmp_path: Path) -> None:
