@@ -86,7 +86,8 @@ def test_the_server_loads_the_torch_modules_a_script_imports_at_its_top(tmp_path
             import torch.fx  # not at the top: loaded when called
         """,
     )
-    assert script_preloads([sys.executable, path]) == ["torch.distributed", "torch.nn.parallel", "collsvc.torch"]
+    wrappers_import_dynamo = ["torch.distributed", "torch.nn.parallel", "collsvc.torch", "torch._dynamo"]
+    assert script_preloads([sys.executable, path]) == wrappers_import_dynamo
     assert script_preloads([sys.executable, "-m", "pkg"]) == []
     assert script_preloads([sys.executable, str(tmp_path / "missing.py")]) == []
     assert script_preloads(["bash", path]) == []
