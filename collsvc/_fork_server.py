@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import gc
 import importlib
 import importlib.machinery
 import json
@@ -128,11 +129,18 @@ class _Server:
             if pid is not None:
                 _signal_group(pid, request["signum"])
             return None
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # no memory or process slots: this rank fails, the server serves on
+            print(f"collsvc run: cannot fork rank {request['start']}: {exc}", file=sys.stderr, flush=True)
+            pid = -1
         if pid == 0:
             return {**request, "pipes": fds}
         for fd in fds:
             os.close(fd)
+        if pid < 0:
+            self._send({"exited": request["start"], "returncode": _EXIT_CANNOT_RUN})
+            return None
         self.children[pid] = request["start"]
         self.pids[request["start"]] = pid
         self._send({"started": request["start"], "pid": pid})
@@ -280,6 +288,9 @@ def main(argv: Sequence[str]) -> None:
         with contextlib.suppress(Exception):  # the rank imports it again, and reports what fails
             importlib.import_module(name)
     preload_fds = [int(fd) for fd in set(os.listdir("/proc/self/fd")) - before]  # theirs: kept in ranks
+    # What was loaded stays shared with the ranks: their garbage collector no longer walks (and so
+    # copies) the pages of those objects. Python's documented recipe for fork without exec.
+    gc.freeze()
     server = _Server(channel)
     server_pid = os.getpid()
     request = server.serve()

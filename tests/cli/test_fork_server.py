@@ -17,7 +17,8 @@ import pytest
 
 from collsvc import _parent_watch
 from collsvc._fork_server import python_target, script_preloads
-from tests.cli._util import HOST, NOWHERE, gone, run_cli, script, start_cli, summary_lines
+from collsvc._forked_ranks import ForkServer
+from tests.cli._util import HOST, NOWHERE, cli_env, gone, run_cli, script, start_cli, summary_lines
 
 pytestmark = pytest.mark.skipif(not _parent_watch.supported(), reason="the fork server is Linux only")
 
@@ -223,3 +224,33 @@ def test_a_dead_fork_server_ends_the_job_with_its_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGKILL, stderr
     assert "killed by signal SIGKILL" in summary_lines(stderr.decode())[0]
     assert all(gone(pid, within=3.0) for pid in ranks)
+
+
+def test_a_rank_the_server_cannot_fork_fails_alone(tmp_path: Path) -> None:
+    """fork() failing (no memory or process slots) fails that rank with 127; the server serves on."""
+    (tmp_path / "fork_fails_once.py").write_text(
+        "import errno, os\n"
+        "real_fork = os.fork\n"
+        "def fork_fails_once():\n"
+        "    os.fork = real_fork\n"
+        "    raise OSError(errno.EAGAIN, 'Resource temporarily unavailable')\n"
+        "os.fork = fork_fails_once\n"
+    )
+    env = cli_env(PYTHONPATH=os.pathsep.join([str(tmp_path), cli_env()["PYTHONPATH"]]))
+    server = ForkServer(env, preload=["fork_fails_once"])
+    started = []
+    try:
+        command = [sys.executable, "-c", "pass"]
+        assert python_target(command) is None  # the server runs scripts and modules only
+        with pytest.raises(ValueError):
+            server.start(0, command, env)
+        ok = script(tmp_path, "ok.py", "print('ran', flush=True)\n")
+        started = [server.start(ident, [sys.executable, ok], env) for ident in (1, 2)]
+        assert started[0].wait(timeout=60) == 127 and started[0].pid is None
+        assert started[1].wait(timeout=60) == 0 and started[1].pid is not None
+        assert started[1].stdout.read() == b"ran\n"
+    finally:
+        server.close()
+        for process in started:
+            process.stdout.close()
+            process.stderr.close()
