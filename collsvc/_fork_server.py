@@ -246,14 +246,22 @@ def _rank_main(request: dict[str, Any], server_pid: int) -> NoReturn:
     raise SystemExit(0)
 
 
+def nvidia_gpu_present() -> bool:
+    """Whether this host has an NVIDIA GPU driver (its control device or its /proc entry)."""
+    return os.path.exists("/dev/nvidiactl") or os.path.isdir("/proc/driver/nvidia")
+
+
 def script_preloads(command: Sequence[str]) -> list[str]:
     """The torch modules (``torch``, ``torch.*``, ``collsvc.torch``) a script imports at its top level
     (also inside top-level ``try`` and ``if`` blocks), which the server loads for its ranks, and
     ``torch._dynamo`` where one of them is DDP's or FSDP's (wrapping a model imports it); none for a
     module (``-m``), a script it cannot read or parse, or another command. Importing these starts no
-    thread and no CUDA context, so the ranks fork from them as torch's own DataLoader workers do."""
+    thread and no CUDA context on a CPU build, so the ranks fork from them as torch's own DataLoader
+    workers do. None on a host with an NVIDIA GPU: a CUDA process cannot be forked once the CUDA driver
+    was initialized in it, and whether a CUDA build of torch initializes it while loading is not
+    verified for every version, so there each rank loads torch itself."""
     target = python_target(command)
-    if target is None or target[0] == "-m":
+    if target is None or target[0] == "-m" or nvidia_gpu_present():
         return []
     try:
         with open(target[0], "rb") as handle:

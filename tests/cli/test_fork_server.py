@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from collsvc import _parent_watch
+from collsvc import _fork_server, _parent_watch
 from collsvc._fork_server import python_target, script_preloads
 from collsvc._forked_ranks import ForkServer
 from tests.cli._util import HOST, NOWHERE, cli_env, gone, run_cli, script, start_cli, summary_lines
@@ -90,10 +90,14 @@ def test_the_server_loads_the_torch_modules_a_script_imports_at_its_top(tmp_path
     wrappers_import_dynamo = ["torch.distributed", "torch.nn.parallel", "collsvc.torch", "torch._dynamo"]
     assert script_preloads([sys.executable, path]) == wrappers_import_dynamo
     assert script_preloads([sys.executable, "-m", "pkg"]) == []
+    with pytest.MonkeyPatch.context() as patch:  # on a GPU host each rank loads torch itself
+        patch.setattr(_fork_server, "nvidia_gpu_present", lambda: True)
+        assert script_preloads([sys.executable, path]) == []
     assert script_preloads([sys.executable, str(tmp_path / "missing.py")]) == []
     assert script_preloads(["bash", path]) == []
 
 
+@pytest.mark.skipif(_fork_server.nvidia_gpu_present(), reason="on a GPU host each rank loads torch itself")
 def test_a_torch_script_finds_torch_loaded(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     path = script(
