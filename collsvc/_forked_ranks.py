@@ -1,7 +1,7 @@
 """Ranks forked by the fork server, seen from ``collsvc run`` (collsvc/_fork_server.py is the server).
 
 :class:`ForkServer` starts the server process and asks it for ranks; each :class:`ForkedProcess`
-answers what the launcher asks of a ``subprocess.Popen`` (``wait``, ``poll``, ``returncode``, its
+answers what the launcher asks of a ``subprocess.Popen`` (``wait``, ``returncode``, its
 ``stdout`` and ``stderr`` pipes) and signals its process group through the server, which knows its pid
 and is its parent. Standard library only: ``collsvc run`` imports this before it starts its ranks.
 """
@@ -23,7 +23,6 @@ from typing import IO, Any
 from collsvc._fork_server import python_target
 from collsvc._parent_watch import supported, wrap_command
 
-START_METHODS = ("fork-server", "spawn")
 _SERVER_MODULE = "collsvc._fork_server"
 _CLOSE_WAIT = 5.0  # seconds for the server to exit once its ranks have; then it is killed
 _GONE_WAIT = 5.0  # seconds for ranks of a dead server to die of their parent-death signal
@@ -58,10 +57,6 @@ class ForkedProcess:
         if not self._ended.wait(timeout):
             raise subprocess.TimeoutExpired(f"rank {self._ident}", timeout or 0.0)
         assert self.returncode is not None
-        return self.returncode
-
-    def poll(self) -> int | None:
-        """The exit code, or None while the rank runs."""
         return self.returncode
 
     def signal_group(self, signum: int) -> None:
@@ -202,9 +197,9 @@ def _wait_gone(pid: int, timeout: float) -> None:
         os.close(handle)
 
 
-def can_fork(start_method: str, command: Sequence[str]) -> bool:
-    """Whether ``collsvc run`` starts ``command``'s ranks through a fork server with ``start_method``."""
-    return start_method == "fork-server" and supported() and python_target(command) is not None
+def can_fork(command: Sequence[str]) -> bool:
+    """Whether a fork server can start ``command``'s ranks on this platform."""
+    return supported() and python_target(command) is not None
 
 
 def signal_group(process: ForkedProcess | subprocess.Popen[bytes], signum: int) -> None:

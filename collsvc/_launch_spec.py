@@ -9,8 +9,12 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
-from collsvc._forked_ranks import START_METHODS
 from collsvc.config import thread_defaults
+
+# How `collsvc run` starts a Python script's ranks (--start-method).
+FORK_SERVER = "fork-server"  # forked from one process that loaded what they load: collsvc/_fork_server.py
+SPAWN = "spawn"  # a fresh interpreter each
+START_METHODS = (FORK_SERVER, SPAWN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +49,7 @@ class LaunchSpec:
     # Elastic supervision (collsvc/elastic/launch.py): --min-ranks, --max-restarts.
     min_ranks: int | None = None
     max_restarts: int = 0
-    start_method: str = "fork-server"
+    start_method: str = FORK_SERVER
 
     def __post_init__(self) -> None:
         if self.nproc < 1:

@@ -22,6 +22,7 @@ from collsvc._cli_common import (
     UsageError,
     read_token_file,
 )
+from collsvc._launch_spec import FORK_SERVER, START_METHODS
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -138,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--start-method",
-        choices=("fork-server", "spawn"),
-        default="fork-server",
+        choices=START_METHODS,
+        default=FORK_SERVER,
         help="fork-server: one process loads numpy, gRPC and collsvc, then forks every rank of the script "
         "(starts in a fraction of the time); spawn: a fresh interpreter per rank (default: fork-server)",
     )

@@ -31,7 +31,7 @@ from collsvc._embedded_coordinator import EmbeddedCoordinator
 from collsvc._fork_server import script_preloads
 from collsvc._forked_ranks import ForkedProcess, ForkServer, can_fork, signal_group
 from collsvc._join_relay import JoinRelay, start_relay
-from collsvc._launch_spec import LaunchSpec, rank_env
+from collsvc._launch_spec import FORK_SERVER, LaunchSpec, rank_env
 from collsvc._output import LinePump, write_line
 from collsvc._parent_watch import wrap_command
 from collsvc._rank_processes import RankProcess, Supervision, describe_exit
@@ -99,7 +99,7 @@ class Launcher:
                 env[COORDINATOR_READY_ENV] = ready[1]
             env.update(self._relay.environment() if self._relay is not None else {})
             pass_fds = (ready[0],) if ready is not None else ()
-            if self._fork_server is None and can_fork(self.spec.start_method, self.spec.command):
+            if self._fork_server is None and self.spec.start_method == FORK_SERVER and can_fork(self.spec.command):
                 self._fork_server = ForkServer(env, pass_fds, script_preloads(self.spec.command))
             self._start_process(rank, f"rank {rank}", env, pass_fds)
 
