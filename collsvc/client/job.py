@@ -19,6 +19,7 @@ from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.backends.reduction import reducing_ns
 from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
+from collsvc.client.backends.ring.local_frames import for_job as frames_for_job
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.client.coordinator_channel import wait_for_launch_signal
@@ -333,6 +334,10 @@ def _assemble(
     progress = ProgressTracker()
     recorder = CallRecorder(options.job_id, join.rank, options.host, timeline_target(), reduce_clock=reducing_ns)
     hosts = {m.rank: m.host for m in members}
+    job_key = f"{options.job_id}|{join.job_incarnation}"
+    local_frames = None
+    if options.shared_memory:
+        local_frames = frames_for_job(join.rank, hosts, job_key, options.token, mailbox, Limits().max_message_bytes)
     transport = GrpcTransport(
         join.rank,
         {m.rank: m.peer_address for m in members},
@@ -341,10 +346,11 @@ def _assemble(
         token=options.token,
         tls=options.tls,
         max_message_bytes=Limits().max_message_bytes,
+        local_frames=local_frames,
     )
     local_groups = None
     if options.shared_memory:
-        local_groups = LocalGroups(f"{options.job_id}|{join.job_incarnation}", options.timeout)
+        local_groups = LocalGroups(job_key, options.timeout)
     ring = RingBackend(
         transport.channel,
         hosts=hosts,

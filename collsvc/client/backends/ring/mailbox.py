@@ -40,6 +40,14 @@ class Mailbox:
             self._frames[key] = _Arrived(header, payload)
             self._cond.notify_all()
 
+    def deposit_all(self, arrived: list[tuple[FrameHeader, memoryview]]) -> None:
+        """Deposits several frames at once: a waiter sees all of them or none (frames that reached this
+        rank together, e.g. from several local peers, stay together for ``recv_any``)."""
+        with self._cond:
+            for header, payload in arrived:
+                self._frames[(header.key_hash, header.seq, header.step, header.src)] = _Arrived(header, payload)
+            self._cond.notify_all()
+
     def take(
         self,
         key: FrameKey,

@@ -266,7 +266,7 @@ class Doorbell:
             try:
                 if self._expect_fds:
                     data, ancillary, _, source = self._inbox.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(16))
-                    fds = _fds(ancillary)
+                    fds = received_fds(ancillary)
                     size = len(data)
                     view = memoryview(data)
                 else:
@@ -317,7 +317,8 @@ class Doorbell:
         self.hellos.clear()
 
 
-def _fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+def received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors an ``SCM_RIGHTS`` message carried (``recvmsg``'s ancillary data); the caller closes them."""
     fds: list[int] = []
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
