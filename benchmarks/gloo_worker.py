@@ -43,6 +43,13 @@ def collective(op: str) -> Callable[[BufferSet], object]:
         return lambda bufs: dist.gather(bufs[0], _blocks_on_root(bufs[1]), dst=0)
     if op == "scatter":  # from rank 0, out of views of its input tensor
         return lambda bufs: dist.scatter(bufs[1], _blocks_on_root(bufs[0]), src=0)
+    if op == "send_recv":  # even ranks send to the next rank (an odd last rank idles)
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if rank % 2 == 1:
+            return lambda bufs: dist.recv(bufs[0], rank - 1)
+        if rank + 1 < size:
+            return lambda bufs: dist.send(bufs[0], rank + 1)
+        return lambda bufs: None
     return lambda bufs: dist.all_to_all_single(bufs[1], bufs[0])
 
 

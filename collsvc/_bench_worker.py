@@ -43,7 +43,20 @@ def _collective(comm: collsvc.Communicator, op: str) -> Callable[[BufferSet], ob
         return lambda bufs: comm.gather(bufs[0], 0, out=bufs[1] if comm.rank == 0 else None)
     if op == "scatter":  # from rank 0; the others pass no input
         return lambda bufs: comm.scatter(bufs[0] if comm.rank == 0 else None, 0, out=bufs[1])
+    if op == "send_recv":
+        return _send_or_recv(comm)
     return lambda bufs: comm.all_to_all(bufs[0], out=bufs[1])
+
+
+def _send_or_recv(comm: collsvc.Communicator) -> Callable[[BufferSet], object]:
+    """send_recv: an even rank sends its buffer to the next rank, which receives into its own; an odd
+    world's last rank has no partner and does nothing."""
+    rank = comm.rank
+    if rank % 2 == 1:
+        return lambda bufs: comm.recv(rank - 1, out=bufs[0])
+    if rank + 1 < comm.size:
+        return lambda bufs: comm.send(bufs[0], rank + 1)
+    return lambda bufs: None
 
 
 def _check(comm: collsvc.Communicator, op: str, shape: bench_protocol.Layout, xp: Any, dtype: Any) -> None:
@@ -74,6 +87,11 @@ def _check(comm: collsvc.Communicator, op: str, shape: bench_protocol.Layout, xp
     elif op == "scatter":  # rank 0's input holds 1 everywhere
         block = xp.empty(shape.count // n, dtype=dtype)
         result, expected = comm.scatter(x if rank == 0 else None, 0, out=block), np.ones(shape.count // n)
+    elif op == "send_recv":  # rank r receives r (its sender's rank + 1); senders and the idle get None
+        received = _send_or_recv(comm)((x, None))
+        comm.barrier()  # no rank moves on (or leaves, after the last size) while its receiver still waits
+        result = received if rank % 2 == 1 else None
+        expected = np.full(shape.count, rank) if rank % 2 == 1 else None
     else:
         result, expected = comm.all_to_all(x), rank_blocks
     if expected is None:

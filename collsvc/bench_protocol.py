@@ -26,9 +26,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather", "scatter")
-# torch.distributed can only run these in place, so both sides do (collsvc with ``out=x``).
-IN_PLACE = frozenset({"all_reduce", "broadcast", "reduce"})
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "send_recv",
+)
+# torch.distributed can only run these in place, so both sides do (collsvc with ``out=x``). send_recv:
+# even ranks send their buffer to the next rank, which receives into its own (an odd last rank idles).
+IN_PLACE = frozenset({"all_reduce", "broadcast", "reduce", "send_recv"})
 # Collectives whose element count must be a multiple of the world size (one block per rank).
 _BLOCKED = frozenset({"all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"})
 
@@ -230,7 +241,7 @@ def measure(
 
 def bus_factor(op: str, world_size: int) -> float:
     """nccl-tests' bus bandwidth factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all
-    (n-1)/n; broadcast and reduce 1; gather and scatter (n-1)/n (what passes through the root)."""
+    (n-1)/n; broadcast, reduce and send_recv 1; gather and scatter (n-1)/n (what passes through the root)."""
     if op == "all_reduce":
         return 2 * (world_size - 1) / world_size if world_size > 1 else 0.0
     if op in _BLOCKED:
