@@ -116,7 +116,9 @@ def test_frames_reach_the_peers_mailbox_in_any_number_and_size(pair: tuple[Local
         assert take(box, 0, step) == payload
 
 
-def test_a_frame_over_half_a_ring_or_to_a_remote_rank_takes_grpc(pair: tuple[LocalFrames, LocalFrames, Mailbox]) -> None:
+def test_a_frame_over_half_a_ring_or_to_a_remote_rank_takes_grpc(
+    pair: tuple[LocalFrames, LocalFrames, Mailbox],
+) -> None:
     sender, _, _ = pair
     parts, nbytes = frame(0, 0, b"x" * (local_frames.RING_BYTES // 2))
     assert not sender.send(1, parts, nbytes)
@@ -199,3 +201,34 @@ def test_close_ends_the_thread_at_once(base: bytes) -> None:
     ends.close()
     assert time.monotonic() - started < 1.0
     assert not ends._thread.is_alive()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to send as another user")
+def test_a_ring_from_another_user_is_ignored_even_from_the_right_name(
+    pair: tuple[LocalFrames, LocalFrames, Mailbox], base: bytes
+) -> None:
+    sender, _, box = pair
+    ring, fd = FrameRing.create(4096)
+    parts, nbytes = frame(0, 9, b"forged")
+    assert ring.put(parts, nbytes)
+    child = os.fork()
+    if child == 0:  # another user takes rank 0's outbox name before rank 0 does, and offers a ring
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as impostor:
+                impostor.bind(base + b"/0>1")
+                fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+                impostor.sendmsg([local_frames._MESSAGE.pack(local_frames._RING, 0)], fds, 0, base + b"/1")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    os.close(fd)
+    parts, nbytes = frame(0, 10, b"genuine")  # rank 0's own ring, after the impostor's message
+    assert sender.send(1, parts, nbytes)
+    assert take(box, 0, 10) == b"genuine"
+    assert box.take((7, 1, 9, 0), time.monotonic() + 0.1) is None  # the impostor's ring was never read
+    ring.close()

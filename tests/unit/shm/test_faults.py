@@ -211,3 +211,53 @@ def test_a_departure_seen_after_the_deadline_does_not_replace_the_timeout() -> N
     finally:
         joined.set()
         peer.join()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to send as another user")
+def test_a_segment_offered_by_another_user_under_a_peers_name_is_ignored() -> None:
+    import array
+    import socket
+
+    from collsvc.client.backends.shm import doorbell, steps
+    from collsvc.client.backends.shm.segment import Layout, Segment
+
+    namespace = uuid.uuid4().hex
+    waiting = LocalGroup(namespace, 1, 2, slot_bytes=4096, timeout=None)
+    layout = Layout.for_group(4096, 2)
+    forged, fd = Segment.create(layout)
+    hello = steps._HELLO.pack(2, layout.slot_bytes, waiting._memory_barriers)
+    base = doorbell._names(namespace)
+    child = os.fork()
+    if child == 0:  # another user takes local rank 0's outbox name first and offers its own segment
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as impostor:
+                impostor.bind(base + b"/0>1")
+                message = doorbell.HEADER.pack(doorbell.HELLO, 0, 0) + hello
+                fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+                impostor.sendmsg([message], fds, 0, base + b"/1")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    os.close(fd)
+    forged.close()
+    sums: list[float] = []
+
+    def rank(group: LocalGroup | None, index: int) -> None:
+        group = group or LocalGroup(namespace, index, 2, slot_bytes=4096, timeout=5.0)
+        group.connect(time.monotonic() + 5.0)
+        buf = np.full(8, index + 1.0)
+        group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5.0)
+        sums.append(float(buf[0]))
+        group.close()
+
+    threads = [threading.Thread(target=rank, args=(waiting, 1)), threading.Thread(target=rank, args=(None, 0))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sums == [3.0, 3.0]  # the genuine rank 0's segment, not the impostor's (which never arrives)

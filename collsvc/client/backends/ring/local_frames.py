@@ -15,7 +15,8 @@ a ring. As over gRPC, a send returns once the frame is the receiver's: here, onc
 which lives as long as the receiver maps it, whatever happens to the sender. A peer whose inbox is gone
 (its process exited or left) makes the frame take gRPC too, which reports the peer as gRPC does.
 
-The inbox trusts a message only from the outbox name the claimed sender binds (as ``shm/doorbell.py``).
+The inbox trusts a ring only from the outbox name the claimed sender binds and from a process of the
+same user (``SO_PASSCRED``; as ``shm/doorbell.py`` trusts segments).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Mapping
 
 from collsvc.client.backends.ring import frames
 from collsvc.client.backends.ring.mailbox import Mailbox
-from collsvc.client.backends.shm.doorbell import received_fds
+from collsvc.client.backends.shm.doorbell import ANCILLARY_BYTES, received_fds, sent_by_this_user
 from collsvc.client.backends.shm.frame_ring import FrameRing
 from collsvc.client.backends.shm.frame_ring import supported as frame_ring_supported
 
@@ -44,7 +45,7 @@ RING_BYTES = 4 << 20
 #: how long a sender waits for room in a full ring before the frame takes gRPC
 FULL_WAIT = 0.01
 # After a failed attempt to reach a peer's inbox, sends to it take gRPC for this long before the next.
-_RETRY_AFTER = 0.05
+_RETRY_AFTER = 0.005
 _MESSAGE = struct.Struct("<BxxxI")  # kind, sender's global rank
 _RING, _POKE = 1, 2
 _GONE = (ConnectionRefusedError, ConnectionResetError, BrokenPipeError, FileNotFoundError)
@@ -87,6 +88,7 @@ class LocalFrames:
         self._closed = False
         self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
+            self._inbox.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # see sent_by_this_user
             self._inbox.bind(self._inbox_name(rank))
         except OSError:
             self._inbox.close()
@@ -192,7 +194,7 @@ class LocalFrames:
         sources = {self._outbox_name(peer, self._rank): peer for peer in self._links}
         while True:
             try:
-                data, ancillary, _, source = self._inbox.recvmsg(64, socket.CMSG_SPACE(8))
+                data, ancillary, _, source = self._inbox.recvmsg(64, ANCILLARY_BYTES)
             except OSError:
                 if self._closed:
                     return
@@ -203,7 +205,7 @@ class LocalFrames:
                     os.close(fd)
                 return
             try:
-                sender = sources.get(source)
+                sender = sources.get(source) if sent_by_this_user(ancillary) else None
                 if sender is not None and len(data) == _MESSAGE.size and data[0] == _RING and fds:
                     self._attach(sender, fds.pop(0))
                 self._empty_rings()

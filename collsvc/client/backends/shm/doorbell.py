@@ -4,7 +4,8 @@ Every local rank binds an *inbox* named ``\\0collsvc-shm/<tag>/<rank>`` and, per
 named ``.../<rank>><peer>`` connected to that peer's inbox. Abstract names have no file to clean up:
 the kernel drops them with the socket, also on SIGKILL. A receiver trusts a message only when its
 source address is the outbox the claimed sender owns, which no other process can bind while the sender
-lives.
+lives; a ``HELLO`` (a segment) also only from a process of the same user (``SO_PASSCRED``: another user
+who learns the names could otherwise bind an outbox name before its owner does).
 
 Messages are tiny: ``HELLO`` carries a segment descriptor (``SCM_RIGHTS``) while the group forms,
 ``ARRIVE`` is a rank reaching barrier generation ``g`` (optionally with a call descriptor), ``RELEASE``
@@ -35,6 +36,9 @@ HEADER = struct.Struct("<BxxxIQ")  # kind, sender local rank, generation
 HELLO, ARRIVE, RELEASE, WAKE = 1, 2, 3, 4
 _MAX_MESSAGE = 1024
 _GONE = (ConnectionRefusedError, ConnectionResetError, BrokenPipeError, FileNotFoundError)
+_CREDENTIALS = struct.Struct("<iII")  # struct ucred: pid, uid, gid
+#: ancillary space for one descriptor and the sender's credentials
+ANCILLARY_BYTES = socket.CMSG_SPACE(16) + socket.CMSG_SPACE(_CREDENTIALS.size)
 
 
 def _names(namespace: str) -> bytes:
@@ -66,6 +70,7 @@ class Doorbell:
         self._rank, self._size = rank, size
         self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
         try:
+            self._inbox.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # HELLOs: see sent_by_this_user
             self._inbox.bind(self._inbox_name(rank))
         except OSError:
             self._inbox.close()
@@ -115,6 +120,7 @@ class Doorbell:
                     sent.add(peer)
             if len(sent) == len(peers) and len(self.hellos) == len(peers):
                 self._expect_fds = False
+                self._inbox.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -265,8 +271,10 @@ class Doorbell:
         while True:
             try:
                 if self._expect_fds:
-                    data, ancillary, _, source = self._inbox.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(16))
+                    data, ancillary, _, source = self._inbox.recvmsg(_MAX_MESSAGE, ANCILLARY_BYTES)
                     fds = received_fds(ancillary)
+                    if not sent_by_this_user(ancillary):
+                        source = None  # never trusted
                     size = len(data)
                     view = memoryview(data)
                 else:
@@ -315,6 +323,17 @@ class Doorbell:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.hellos.clear()
+
+
+def sent_by_this_user(ancillary: list[tuple[int, int, bytes]]) -> bool:
+    """Whether a message's ``SCM_CREDENTIALS`` (the receiving socket has ``SO_PASSCRED`` on) say its
+    sender runs as this process's user: a message of another user on the host is never trusted, even
+    from the right socket name (abstract names can be taken by anyone who learns them first)."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _CREDENTIALS.size:
+            _, uid, _ = _CREDENTIALS.unpack_from(data)
+            return uid in (os.getuid(), os.geteuid())
+    return False
 
 
 def received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
