@@ -17,6 +17,7 @@ from collsvc.client.backends.ring import frames, local_frames
 from collsvc.client.backends.ring.local_frames import LocalFrames, inbox_base
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.shm.frame_ring import FrameRing, supported
+from tests.unit.other_user import send_descriptor_as_nobody
 
 pytestmark = pytest.mark.skipif(not supported(), reason="frame rings need x86-64's memory ordering")
 
@@ -211,21 +212,8 @@ def test_a_ring_from_another_user_is_ignored_even_from_the_right_name(
     ring, fd = FrameRing.create(4096)
     parts, nbytes = frame(0, 9, b"forged")
     assert ring.put(parts, nbytes)
-    child = os.fork()
-    if child == 0:  # another user takes rank 0's outbox name before rank 0 does, and offers a ring
-        code = 1
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as impostor:
-                impostor.bind(base + b"/0>1")
-                fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-                impostor.sendmsg([local_frames._MESSAGE.pack(local_frames._RING, 0)], fds, 0, base + b"/1")
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    # another user takes rank 0's outbox name before rank 0 does, and offers a ring
+    send_descriptor_as_nobody(base + b"/0>1", base + b"/1", local_frames._MESSAGE.pack(local_frames._RING, 0), fd)
     os.close(fd)
     parts, nbytes = frame(0, 10, b"genuine")  # rank 0's own ring, after the impostor's message
     assert sender.send(1, parts, nbytes)

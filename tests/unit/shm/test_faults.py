@@ -13,6 +13,7 @@ import pytest
 from collsvc.client.backends.shm import LocalGroup
 from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, RendezvousError
 from collsvc.types import ReduceOp
+from tests.unit.other_user import send_descriptor_as_nobody
 from tests.unit.shm.threads import run_group
 
 
@@ -215,9 +216,6 @@ def test_a_departure_seen_after_the_deadline_does_not_replace_the_timeout() -> N
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to send as another user")
 def test_a_segment_offered_by_another_user_under_a_peers_name_is_ignored() -> None:
-    import array
-    import socket
-
     from collsvc.client.backends.shm import doorbell, steps
     from collsvc.client.backends.shm.segment import Layout, Segment
 
@@ -227,22 +225,8 @@ def test_a_segment_offered_by_another_user_under_a_peers_name_is_ignored() -> No
     forged, fd = Segment.create(layout)
     hello = steps._HELLO.pack(2, layout.slot_bytes, waiting._memory_barriers)
     base = doorbell._names(namespace)
-    child = os.fork()
-    if child == 0:  # another user takes local rank 0's outbox name first and offers its own segment
-        code = 1
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as impostor:
-                impostor.bind(base + b"/0>1")
-                message = doorbell.HEADER.pack(doorbell.HELLO, 0, 0) + hello
-                fds = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-                impostor.sendmsg([message], fds, 0, base + b"/1")
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    # another user takes local rank 0's outbox name first and offers its own segment
+    send_descriptor_as_nobody(base + b"/0>1", base + b"/1", doorbell.HEADER.pack(doorbell.HELLO, 0, 0) + hello, fd)
     os.close(fd)
     forged.close()
     sums: list[float] = []
