@@ -15,6 +15,7 @@ named after torch's group name, which every member computes the same way.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib
 import json
 import logging
@@ -216,6 +217,15 @@ class WorldSession:
                 self._server.stop()
 
 
+def subgroup_name(group_id: str, ranks: list[int]) -> str:
+    """The collsvc group of torch's group ``group_id`` over global ``ranks``: torch numbers groups per
+    rank, so two disjoint groups made inside different parent groups (``new_subgroups(group=...)``)
+    can get the same number; the digest of the ranks tells them apart, and every member computes the
+    same name."""
+    digest = hashlib.blake2b(",".join(map(str, ranks)).encode(), digest_size=6).hexdigest()
+    return f"torch/{group_id}/{digest}"
+
+
 def create_process_group(options: Any, backend_options: Any) -> ProcessGroupCollsvc:
     """torch's backend factory (``register_backend(..., extended_api=True)``).
 
@@ -234,7 +244,7 @@ def create_process_group(options: Any, backend_options: Any) -> ProcessGroupColl
             session = WorldSession.join(options.store, options.group_rank, options.group_size, timeout)
             return ProcessGroupCollsvc(session.comm, timeout, on_shutdown=session.close)
         world = collsvc.default_communicator()
-        comm = world.subgroup(f"torch/{options.group_id}", ranks)
+        comm = world.subgroup(subgroup_name(options.group_id, ranks), ranks)
     except CollsvcError as exc:
         raise to_torch_error(exc) from exc
     return ProcessGroupCollsvc(comm, timeout)

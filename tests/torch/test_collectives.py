@@ -229,6 +229,11 @@ def _objects_groups_and_work(rank: int, n: int) -> None:
     t = torch.full((1,), float(rank))
     dist.all_reduce(t, group=sub)
     assert t.item() == float(rank)
+    # Inside a parent group each rank numbers only its parent's groups: disjoint groups of different
+    # parents get the same number, and must still be different groups.
+    inner, _ = dist.new_subgroups(group_size=1, group=sub)
+    dist.all_reduce(t, group=inner)
+    assert t.item() == float(rank)
     # Work objects: async ops overlap, complete, and fulfil their futures with the outputs.
     big = [torch.full((1 << 16,), float(rank)) for _ in range(4)]
     works = [dist.all_reduce(b, async_op=True) for b in big]
