@@ -327,7 +327,9 @@ def _assemble(
     server: PeerServer,
     mailbox: Mailbox,
 ) -> Job:
-    """Builds a joined job's parts and the :class:`Job` that holds them (nothing starts yet)."""
+    """Builds a joined job's parts and the :class:`Job` that holds them. Nothing starts yet but the
+    inbox of the frames from local peers and its thread (``local_frames``), so that peers reach it
+    as soon as they can send; closing the Job's transport stops them."""
     members = sorted(members, key=lambda m: m.rank)
     failure = FailureState()
     failure.add_listener(mailbox.fail)
