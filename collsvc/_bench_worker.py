@@ -88,9 +88,8 @@ def _check(comm: collsvc.Communicator, op: str, shape: bench_protocol.Layout, xp
         block = xp.empty(shape.count // n, dtype=dtype)
         result, expected = comm.scatter(x if rank == 0 else None, 0, out=block), np.ones(shape.count // n)
     elif op == "send_recv":  # rank r receives r (its sender's rank + 1); senders and the idle get None
-        received = _send_or_recv(comm)((x, None))
+        result = _send_or_recv(comm)((x, None))  # what recv returned; None from send and the idle rank
         comm.barrier()  # no rank moves on (or leaves, after the last size) while its receiver still waits
-        result = received if rank % 2 == 1 else None
         expected = np.full(shape.count, rank) if rank % 2 == 1 else None
     else:
         result, expected = comm.all_to_all(x), rank_blocks

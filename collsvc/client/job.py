@@ -337,9 +337,11 @@ def _assemble(
     recorder = CallRecorder(options.job_id, join.rank, options.host, timeline_target(), reduce_clock=reducing_ns)
     hosts = {m.rank: m.host for m in members}
     job_key = f"{options.job_id}|{join.job_incarnation}"
-    local_frames = None
+    max_message_bytes = Limits().max_message_bytes
+    local_frames, local_groups = None, None
     if options.shared_memory:
-        local_frames = frames_for_job(join.rank, hosts, job_key, options.token, mailbox, Limits().max_message_bytes)
+        local_frames = frames_for_job(join.rank, hosts, job_key, options.token, mailbox, max_message_bytes)
+        local_groups = LocalGroups(job_key, options.timeout)
     transport = GrpcTransport(
         join.rank,
         {m.rank: m.peer_address for m in members},
@@ -347,12 +349,9 @@ def _assemble(
         mailbox,
         token=options.token,
         tls=options.tls,
-        max_message_bytes=Limits().max_message_bytes,
+        max_message_bytes=max_message_bytes,
         local_frames=local_frames,
     )
-    local_groups = None
-    if options.shared_memory:
-        local_groups = LocalGroups(job_key, options.timeout)
     ring = RingBackend(
         transport.channel,
         hosts=hosts,

@@ -35,10 +35,7 @@ class Mailbox:
         self._unreachable: dict[int, tuple[BaseException, float]] = {}  # rank -> (its error, when it counts)
 
     def deposit(self, header: FrameHeader, payload: memoryview) -> None:
-        key = (header.key_hash, header.seq, header.step, header.src)
-        with self._cond:
-            self._frames[key] = _Arrived(header, payload)
-            self._cond.notify_all()
+        self.deposit_all([(header, payload)])
 
     def deposit_all(self, arrived: list[tuple[FrameHeader, memoryview]]) -> None:
         """Deposits several frames at once: a waiter sees all of them or none (frames that reached this
