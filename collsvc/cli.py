@@ -23,6 +23,7 @@ from collsvc._cli_common import (
     read_token_file,
 )
 from collsvc._launch_spec import FORK_SERVER, START_METHODS
+from collsvc.bench_protocol import COLLECTIVES
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -210,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="nccl-tests style table: size, time, algbw, busbw")
     bench.add_argument("-n", type=int, default=2, metavar="N", help="ranks (default: 2)")
-    bench.add_argument("--op", default="all_reduce", help="collective to measure (default: all_reduce)")
+    bench.add_argument(
+        "--op", default="all_reduce", help=f"what to measure: {', '.join(COLLECTIVES)} (default: all_reduce)"
+    )
     bench.add_argument("--sizes", default="4K:64M", help="LOW:HIGH byte sizes, e.g. 4K:64M (default)")
     bench.add_argument("--factor", type=int, default=4, help="step between sizes (default: 4)")
     bench.add_argument("--dtype", default="float32", help="element type (default: float32)")
