@@ -6,7 +6,8 @@ Usage:
 Each rank joins one torch job (``init_process_group("collsvc")`` through ``env://``, so rank 0 starts
 the embedded coordinator) and also makes a gloo group of the same ranks. For every size it alternates
 ``dist.all_reduce`` on collsvc, ``comm.all_reduce`` on the same Communicator (in place), and
-``dist.all_reduce`` on gloo, ``--repeats`` times, and reports each one's median time per call. Then a
+``dist.all_reduce`` on gloo, ``--repeats`` times, and reports each one's median time per call (a sample
+is up to 2,000 back-to-back collsvc calls, 256 MiB in all, and up to 200 gloo calls). Then a
 DDP training step of a ~10.5M-parameter MLP is timed on both backends. Every process runs with
 ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)``.
 
@@ -94,11 +95,15 @@ def rank_main(config: dict[str, Any]) -> None:
     rows = []
     for size in config["sizes"]:
         t = torch.ones(size // 4, dtype=torch.float32)
-        iters = max(3, min(200, (32 << 20) // size))
+        a = t.numpy()
+        # collsvc's calls are ~100x gloo's at small sizes: as many of them make a sample long enough
+        # (~50 ms and up) that one descheduled rank on these 2 cores does not decide it.
+        ours = max(4, min(2000, (256 << 20) // size))
+        iters = {"dist_collsvc": ours, "comm": ours, "dist_gloo": max(3, min(200, (32 << 20) // size))}
         ways = {
             "dist_collsvc": lambda t=t: dist.all_reduce(t),
             # collsvc's own API at its best on the same memory: the tensor's numpy view, in place.
-            "comm": lambda a=t.numpy(): comm.all_reduce(a, out=a),
+            "comm": lambda a=a: comm.all_reduce(a, out=a),
             "dist_gloo": lambda t=t: dist.all_reduce(t, group=gloo),
         }
         for fn in ways.values():  # warm up: buffers, shared memory, gloo's pairs
@@ -106,7 +111,7 @@ def rank_main(config: dict[str, Any]) -> None:
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(config["repeats"]):
             for name, fn in ways.items():
-                times[name].append(_timed(fn, iters, barrier))
+                times[name].append(_timed(fn, iters[name], barrier))
         rows.append({"size": size, **{name: statistics.median(v) for name, v in times.items()}})
     steps: dict[str, Any] = {}
     for name, group in (("collsvc", None), ("gloo", gloo)):

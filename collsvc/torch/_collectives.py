@@ -118,6 +118,22 @@ def caller_waits(opts: Any = None, depth: int = 6) -> bool:
     return False
 
 
+def waited_sum_view(tensors: list[torch.Tensor], opts: Any) -> Any:
+    """The numpy view of the one tensor of an all_reduce with SUM that the caller waits for at once
+    (``dist.all_reduce(t)``, whose options say ``asyncOp=False``), where that tensor is a dense CPU
+    tensor numpy can view; None for any other call (CUDA in this process, other ops, several tensors,
+    options without ``asyncOp``): the general path (:func:`all_reduce`) runs those."""
+    if (
+        opts is None
+        or len(tensors) != 1
+        or getattr(opts, "asyncOp", True) is not False
+        or opts.reduceOp != _SUM
+        or torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    ):
+        return None
+    return host_array(tensors[0], held=True)
+
+
 def reduce_op(op: Any) -> tuple[ReduceOp, Any]:
     """(collsvc op, pre-multiplier or None) for a torch ``ReduceOp`` (PREMUL_SUM = scale, then SUM).
 

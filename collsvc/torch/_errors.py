@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import torch.distributed as dist
 
@@ -52,6 +52,18 @@ def to_torch_error(error: CollsvcError) -> CollsvcError:
     return converted
 
 
+def raise_for_torch(error: CollsvcError) -> NoReturn:
+    """Raises ``error`` as its torch-facing error (:func:`to_torch_error`), chained to it.
+
+    Raises:
+        CollsvcError: always; also a ``DistBackendError``.
+    """
+    converted = to_torch_error(error)
+    if converted is error:
+        raise error
+    raise converted from error
+
+
 def translated(fn: F, run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None) -> F:
     """Decorates a method so that collsvc errors it raises leave it as torch-facing errors; ``run(fn, args,
     kwargs)``, when given, calls it (in the same frame: process-group methods run on every collective)."""
@@ -61,9 +73,6 @@ def translated(fn: F, run: Callable[[Callable[..., Any], tuple[Any, ...], dict[s
         try:
             return fn(*args, **kwargs) if run is None else run(fn, args, kwargs)
         except CollsvcError as exc:
-            converted = to_torch_error(exc)
-            if converted is exc:
-                raise
-            raise converted from exc
+            raise_for_torch(exc)
 
     return cast(F, wrapper)

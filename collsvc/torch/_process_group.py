@@ -5,7 +5,8 @@ functional collectives, DTensor) through its Python process-group trampoline. Ea
 issues the Communicator's calls on detached views of the caller's tensors (in place and zero-copy
 through DLPack where the layout allows) and returns a :class:`CollsvcWork`. Calls are asynchronous
 (``async_op=True`` on the Communicator), except for a torch function called with ``async_op=False``,
-which waits at once anyway: its calls run inline on the caller's thread.
+which waits at once anyway: its calls run inline on the caller's thread (unless the group's timeout is
+shorter than the job's, which only a Work's ``wait()`` can bound).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import torch
 import torch.distributed as dist
 
 import collsvc.torch._collectives as ops
-from collsvc.torch._errors import translated
+from collsvc.errors import CollsvcError
+from collsvc.torch._errors import raise_for_torch, translated
 from collsvc.torch._p2p import PointToPoint
 from collsvc.torch._streams import current, run_on_caller_stream
-from collsvc.torch._work import AnySourceWork, CollsvcWork, Finished, Finisher
+from collsvc.torch._work import AnySourceWork, CollsvcWork, CompletedWork, Finished, Finisher
 
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
     from collsvc.client.communicator import Communicator
@@ -61,13 +63,17 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         job_timeout = comm.job.options.timeout
         self._wait_limit = timeout if timeout < job_timeout else None
         self._p2p = PointToPoint(comm)
-        self._inline_issuer = ops.Issuer(comm, inline=True)
         self._async_issuer = ops.Issuer(comm, inline=False)
+        # A call run inline is bounded by the job's timeout only: with a shorter one of its own, the
+        # group issues every call asynchronously, and its Work's wait() bounds it.
+        self._runs_inline = self._wait_limit is None
+        self._inline_issuer = ops.Issuer(comm, inline=True) if self._runs_inline else self._async_issuer
         self._on_shutdown = on_shutdown
         self._shut = False
         self._group_name = comm.name
         self._group_desc = comm.name
         self._where = f" in group '{comm.name}' (rank {comm.rank} of {comm.size})"  # for errors
+        self._allreduce_what = "allreduce" + self._where
 
     @property
     def communicator(self) -> Communicator:
@@ -100,12 +106,25 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     def _work(self, calls: Sequence[Any], outputs: list[torch.Tensor], finish: Finisher | None, what: str) -> Any:
         stream = current()
         if finish is None and stream is None and len(calls) == 1 and type(calls[0]) is Finished:
-            return CollsvcWork.completed(outputs, what + self._where)  # a synchronous call on CPU tensors
+            return CompletedWork(outputs, what + self._where)  # a synchronous call on CPU tensors
         return CollsvcWork(calls, outputs, finish, what + self._where, self._wait_limit, stream)
 
     # ---- reductions ------------------------------------------------------------------------------
-    @_collective
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        # The most frequent call of all, dist.all_reduce(t) of one CPU tensor with SUM, goes straight to
+        # the Communicator with the tensor's kept numpy view; every other call (other ops, several or
+        # CUDA tensors, async_op=True, C++ callers) takes the general path.
+        view = ops.waited_sum_view(tensors, opts) if self._runs_inline else None
+        if view is None:
+            return self._allreduce(tensors, opts)
+        try:
+            self._comm.all_reduce(view, out=view)
+        except CollsvcError as exc:
+            raise_for_torch(exc)
+        return CompletedWork(tensors, self._allreduce_what)
+
+    @_collective
+    def _allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = (opts or dist.AllreduceOptions()).reduceOp
         return self._work(*ops.all_reduce(self._ops(opts), tensors, op), "allreduce")
 
@@ -232,7 +251,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     @translated
     def barrier(self, opts: Any = None) -> Any:
         self._comm.barrier(self._timeout)
-        return CollsvcWork.completed([], "barrier")
+        return CompletedWork([], "barrier")
 
     @translated
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:

@@ -43,20 +43,6 @@ class Finished:
 # The done-state of every Work whose calls all finished before it was made: set once, never cleared.
 _ALREADY_DONE = threading.Event()
 _ALREADY_DONE.set()
-# The state of such a Work but its outputs and description. One lock serves all of them: get_future
-# holds it only to make the Work's Future, at most once per Work.
-_COMPLETED_STATE: dict[str, Any] = {
-    "_stream": None,
-    "_finish": None,
-    "_timeout": None,
-    "_future": None,
-    "_error": None,
-    "_lock": threading.Lock(),
-    "_future_requested": False,
-    "_calls": (),
-    "_pending": 0,
-    "_done": _ALREADY_DONE,
-}
 
 
 def _done_future(value: Any) -> concurrent.futures.Future[Any]:
@@ -119,7 +105,7 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         results = [call.value for call in calls if type(call) is Finished]
         if len(results) == len(calls):
             # Ran on the caller's thread already: finish here, with no futures or events of its own.
-            self._calls: list[concurrent.futures.Future[Any]] = []
+            self._calls: Sequence[concurrent.futures.Future[Any]] = ()
             self._pending = 0
             if finish is not None:
                 self._settle(results)
@@ -130,19 +116,6 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         self._pending = len(self._calls)
         for call in self._calls:
             call.add_done_callback(self._one_done)
-
-    @classmethod
-    def completed(cls, outputs: list[torch.Tensor], description: str) -> CollsvcWork:
-        """A Work for an operation that already finished on the caller's thread with nothing left to run
-        (its outputs written): every synchronous collective on CPU tensors returns one, so it sets only
-        the state the methods read, in one step (a third of the general constructor's cost)."""
-        work = cls.__new__(cls)
-        _Work.__init__(work)
-        state = work.__dict__
-        state.update(_COMPLETED_STATE)
-        state["_outputs"] = outputs
-        state["_description"] = description
-        return work
 
     def _one_done(self, _: concurrent.futures.Future[Any]) -> None:
         with self._lock:
@@ -283,3 +256,31 @@ class AnySourceWork(CollsvcWork):
         self.wait()
         assert self._source is not None
         return self._source
+
+
+class CompletedWork(CollsvcWork):
+    """The Work of an operation that already finished on the caller's thread with nothing left to run
+    (its outputs written): every synchronous collective on CPU tensors returns one. Its done-state is
+    the class's, so making one sets only its outputs and description (a third of the general
+    constructor's cost, on every small collective).
+
+    Args:
+        outputs: the tensors the operation wrote; the Future's value.
+        description: the operation as errors name it.
+    """
+
+    _stream = None
+    _finish = None
+    _timeout = None
+    _future = None  # get_future sets the instance's own
+    _error = None
+    _lock = threading.Lock()  # held only to make a Work's Future, at most once per Work: one serves all
+    _future_requested = False
+    _calls = ()
+    _pending = 0
+    _done = _ALREADY_DONE
+
+    def __init__(self, outputs: list[torch.Tensor], description: str) -> None:  # noqa: D107
+        _Work.__init__(self)
+        self._outputs = outputs
+        self._description = description

@@ -1,4 +1,4 @@
-"""The Work a synchronous collective on CPU tensors returns (``CollsvcWork.completed``, collsvc/torch/_work.py):
+"""The Work a synchronous collective on CPU tensors returns (``CompletedWork``, collsvc/torch/_work.py):
 made in one step with shared done-state, it must still behave as a finished ``dist.Work`` of its own."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
 
-from collsvc.torch._work import CollsvcWork  # noqa: E402
+from collsvc.torch._work import CompletedWork  # noqa: E402
 
 
 def test_a_completed_work_is_a_finished_dist_work_with_its_outputs() -> None:
     t = torch.arange(4.0)
-    work = CollsvcWork.completed([t], "allreduce in group 'world'")
+    work = CompletedWork([t], "allreduce in group 'world'")
     assert isinstance(work, dist.Work)
     assert work.wait() is True and work.is_completed() and work.is_success()
     assert work.exception() is None
@@ -29,14 +29,14 @@ def test_a_completed_work_is_a_finished_dist_work_with_its_outputs() -> None:
 
 def test_completed_works_keep_their_own_outputs_and_futures() -> None:
     a, b = torch.zeros(2), torch.ones(3)
-    first, second = CollsvcWork.completed([a], "one"), CollsvcWork.completed([b], "two")
+    first, second = CompletedWork([a], "one"), CompletedWork([b], "two")
     assert first.get_future() is not second.get_future()
     assert first.result()[0] is a and second.result()[0] is b
     assert first._description == "one" and second._description == "two"
 
 
 def test_threads_asking_one_completed_work_for_its_future_get_the_same_one() -> None:
-    work = CollsvcWork.completed([torch.zeros(1)], "x")
+    work = CompletedWork([torch.zeros(1)], "x")
     start = threading.Barrier(4)
     seen: list[object] = []
 
