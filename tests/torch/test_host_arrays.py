@@ -1,5 +1,5 @@
 """The numpy views the torch backend hands the Communicator for CPU tensors (collsvc/torch/_host_arrays.py)
-and how it tells a call its caller waits for (``caller_waits``): pure functions, no ranks."""
+and how it tells a call its caller waits for (``caller_waits``, ``waited_sum_view``): pure functions, no ranks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from collsvc.torch._collectives import caller_waits  # noqa: E402
+from collsvc.torch._collectives import caller_waits, waited_sum_view  # noqa: E402
 from collsvc.torch._host_arrays import host_array  # noqa: E402
 
 
@@ -60,3 +60,25 @@ def test_caller_waits_follows_the_options_async_flag() -> None:
     opts.asyncOp = False
     assert caller_waits(opts) is True
     assert caller_waits(None) is False  # no options and no torch.distributed caller: asynchronous
+
+
+def _options(async_op: bool, op: object = None) -> object:
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = async_op
+    if op is not None:
+        opts.reduceOp = op
+    return opts
+
+
+def test_only_a_waited_sum_of_one_dense_cpu_tensor_takes_the_straight_way() -> None:
+    t = torch.ones(8)
+    view = waited_sum_view([t], _options(False))
+    assert view is not None and _address(view) == t.data_ptr()
+    assert waited_sum_view([t], _options(False)) is view  # the kept view, as for any held call
+    assert waited_sum_view([t], _options(True)) is None  # async_op=True, and DDP's reducer from C++
+    assert waited_sum_view([t], _options(False, dist.ReduceOp.AVG)) is None
+    assert waited_sum_view([t], _options(False, dist.ReduceOp.MAX)) is None
+    assert waited_sum_view([t, torch.ones(8)], _options(False)) is None  # several tensors: fused
+    assert waited_sum_view([t], None) is None
+    assert waited_sum_view([torch.ones(4, 4).t()], _options(False)) is None  # not C-contiguous
+    assert waited_sum_view([torch.ones(8, dtype=torch.bfloat16)], _options(False)) is None  # numpy lacks it
