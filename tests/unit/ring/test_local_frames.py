@@ -17,6 +17,7 @@ from collsvc.client.backends.ring import frames, local_frames
 from collsvc.client.backends.ring.local_frames import LocalFrames, inbox_base
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.shm.frame_ring import FrameRing, supported
+from collsvc.errors import RankFailedError
 from tests.unit.other_user import send_descriptor_as_nobody
 
 pytestmark = pytest.mark.skipif(not supported(), reason="frame rings need x86-64's memory ordering")
@@ -193,6 +194,33 @@ def test_messages_from_strangers_are_ignored(pair: tuple[LocalFrames, LocalFrame
     assert take(box, 0, 10) == b"genuine"
     assert box.take((7, 1, 9, 0), time.monotonic() + 0.1) is None  # the forged ring was never read
     ring.close()
+
+
+class BrokenInbox:
+    """Stands for an inbox whose reads fail while it is open (what a bug closing its descriptor does)."""
+
+    def recvmsg(self, *args: object) -> object:
+        raise OSError(9, "Bad file descriptor")
+
+
+def test_an_inbox_that_breaks_fails_this_ranks_waits_naming_it(
+    pair: tuple[LocalFrames, LocalFrames, Mailbox], base: bytes
+) -> None:
+    _, receiver, box = pair
+    inbox = receiver._inbox
+    receiver._inbox = BrokenInbox()  # type: ignore[assignment]  # read on the thread's next pass
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stranger:
+            stranger.sendto(b"", base + b"/1")  # wakes the thread from its read of the real inbox
+        receiver._thread.join(timeout=10)
+        assert not receiver._thread.is_alive()  # it stopped: no spinning on the error
+        started = time.monotonic()
+        with pytest.raises(RankFailedError, match="rank 1 can no longer receive") as caught:
+            box.take((7, 1, 3, 0), time.monotonic() + 30)
+        assert caught.value.ranks == [1]
+        assert time.monotonic() - started < 5.0  # at once, not at the wait's deadline
+    finally:
+        receiver._inbox = inbox
 
 
 def test_close_ends_the_thread_at_once(base: bytes) -> None:

@@ -37,6 +37,7 @@ from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.shm.doorbell import ANCILLARY_BYTES, received_fds, sent_by_this_user
 from collsvc.client.backends.shm.frame_ring import FrameRing
 from collsvc.client.backends.shm.frame_ring import supported as frame_ring_supported
+from collsvc.errors import RankFailedError
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +196,10 @@ class LocalFrames:
         while True:
             try:
                 data, ancillary, _, source = self._inbox.recvmsg(64, ANCILLARY_BYTES)
-            except OSError:
-                if self._closed:
-                    return
-                continue
+            except OSError as exc:
+                if not self._closed:
+                    self._inbox_failed(exc)
+                return
             fds = received_fds(ancillary)
             if self._closed:  # close() shut the inbox down: an empty read
                 for fd in fds:
@@ -214,6 +215,19 @@ class LocalFrames:
             finally:
                 for fd in fds:
                     os.close(fd)
+
+    def _inbox_failed(self, error: OSError) -> None:
+        """The inbox broke while open (never seen: reading a bound datagram socket fails only through a
+        bug). Frames from local peers cannot arrive any more, so this rank's waits fail now, naming this
+        rank, rather than time out later blaming the peers that sent them."""
+        log.error("rank %d: the inbox of frames from local ranks failed: %s", self._rank, error)
+        self._mailbox.fail(
+            RankFailedError(
+                f"rank {self._rank} can no longer receive from the ranks of its host: its inbox of frames "
+                f"failed ({error})",
+                ranks=[self._rank],
+            )
+        )
 
     def _attach(self, sender: int, fd: int) -> None:
         try:
