@@ -21,6 +21,7 @@ import torch.distributed as dist
 import collsvc.torch._collectives as ops
 from collsvc.errors import CollsvcError
 from collsvc.torch._errors import raise_for_torch, translated
+from collsvc.torch._issuing import Issuer, caller_waits, waited_sum_view
 from collsvc.torch._p2p import PointToPoint
 from collsvc.torch._streams import current, run_on_caller_stream
 from collsvc.torch._work import AnySourceWork, CollsvcWork, CompletedWork, Finished, Finisher
@@ -63,11 +64,11 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         job_timeout = comm.job.options.timeout
         self._wait_limit = timeout if timeout < job_timeout else None
         self._p2p = PointToPoint(comm)
-        self._async_issuer = ops.Issuer(comm, inline=False)
+        self._async_issuer = Issuer(comm, inline=False)
         # A call run inline is bounded by the job's timeout only: with a shorter one of its own, the
         # group issues every call asynchronously, and its Work's wait() bounds it.
         self._runs_inline = self._wait_limit is None
-        self._inline_issuer = ops.Issuer(comm, inline=True) if self._runs_inline else self._async_issuer
+        self._inline_issuer = Issuer(comm, inline=True) if self._runs_inline else self._async_issuer
         self._on_shutdown = on_shutdown
         self._shut = False
         self._group_name = comm.name
@@ -99,9 +100,9 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
-    def _ops(self, opts: Any = None) -> ops.Issuer:
+    def _ops(self, opts: Any = None) -> Issuer:
         """The issuer of a call with torch's options ``opts``: inline where the caller waits at once."""
-        return self._inline_issuer if ops.caller_waits(opts) else self._async_issuer
+        return self._inline_issuer if caller_waits(opts) else self._async_issuer
 
     def _work(self, calls: Sequence[Any], outputs: list[torch.Tensor], finish: Finisher | None, what: str) -> Any:
         stream = current()
@@ -114,7 +115,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         # The most frequent call of all, dist.all_reduce(t) of one CPU tensor with SUM, goes straight to
         # the Communicator with the tensor's kept numpy view; every other call (other ops, several or
         # CUDA tensors, async_op=True, C++ callers) takes the general path.
-        view = ops.waited_sum_view(tensors, opts) if self._runs_inline else None
+        view = waited_sum_view(tensors, opts) if self._runs_inline else None
         if view is None:
             return self._allreduce(tensors, opts)
         try:

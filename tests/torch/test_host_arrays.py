@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from collsvc.torch._collectives import caller_waits, waited_sum_view  # noqa: E402
 from collsvc.torch._host_arrays import host_array  # noqa: E402
+from collsvc.torch._issuing import caller_waits, waited_sum_view  # noqa: E402
 
 
 def _address(view: np.ndarray) -> int:
