@@ -6,10 +6,11 @@ Usage:
 Each rank joins one torch job (``init_process_group("collsvc")`` through ``env://``, so rank 0 starts
 the embedded coordinator) and also makes a gloo group of the same ranks. For every size it alternates
 ``dist.all_reduce`` on collsvc, ``comm.all_reduce`` on the same Communicator (in place), and
-``dist.all_reduce`` on gloo, ``--repeats`` times, and reports each one's median time per call (a sample
-is up to 2,000 back-to-back collsvc calls, 256 MiB in all, and up to 200 gloo calls). Then a
-DDP training step of a ~10.5M-parameter MLP is timed on both backends. Every process runs with
-``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)``.
+``dist.all_reduce`` on gloo, ``--repeats`` times (each repeat starting with the next one), and reports
+each one's median time per call (a sample is up to 2,000 back-to-back collsvc calls, 256 MiB in all,
+and up to 200 gloo calls); the overhead and speed-up columns are medians of the ratios within each
+repeat. Then a DDP training step of a ~10.5M-parameter MLP is timed on both
+backends. Every process runs with ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)``.
 
 It also times ``dist.all_reduce`` of a 4 KiB tensor on a Python process group that does nothing (its
 ``allreduce`` returns a finished Work): torch's own cost of dispatching a collective to a backend
@@ -109,10 +110,24 @@ def rank_main(config: dict[str, Any]) -> None:
         for fn in ways.values():  # warm up: buffers, shared memory, gloo's pairs
             fn()
         times: dict[str, list[float]] = {name: [] for name in ways}
-        for _ in range(config["repeats"]):
-            for name, fn in ways.items():
-                times[name].append(_timed(fn, iters[name], barrier))
-        rows.append({"size": size, **{name: statistics.median(v) for name, v in times.items()}})
+        order = list(ways)
+        for repeat in range(config["repeats"]):
+            # Each repeat starts with the next way, so that none always runs right after gloo's (whose
+            # buffers then fill the caches) or always first.
+            shift = repeat % len(order)
+            for name in order[shift:] + order[:shift]:
+                times[name].append(_timed(ways[name], iters[name], barrier))
+        # The ratios are taken within each repeat, between samples next to each other in time, then
+        # their median: a machine whose copy speed shifts between repeats moves both sides of a ratio.
+        ours, own, theirs = times["dist_collsvc"], times["comm"], times["dist_gloo"]
+        rows.append(
+            {
+                "size": size,
+                **{name: statistics.median(v) for name, v in times.items()},
+                "overhead": statistics.median(a / b - 1 for a, b in zip(ours, own, strict=True)),
+                "speedup": statistics.median(g / a for a, g in zip(ours, theirs, strict=True)),
+            }
+        )
     steps: dict[str, Any] = {}
     for name, group in (("collsvc", None), ("gloo", gloo)):
         torch.manual_seed(0)
@@ -191,7 +206,7 @@ def table(n: int, data: dict[str, Any]) -> str:
         ours, own, gloo = row["dist_collsvc"], row["comm"], row["dist_gloo"]
         lines.append(
             f"| {human(row['size'])} | {ours * 1e3:.3f} ms | {own * 1e3:.3f} ms | {gloo * 1e3:.3f} ms "
-            f"| {100 * (ours / own - 1):+.0f} % | {gloo / ours:.1f}x |"
+            f"| {100 * row['overhead']:+.0f} % | {row['speedup']:.1f}x |"
         )
     ddp = data["ddp"]
     lines += [
