@@ -9,6 +9,7 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -96,7 +97,7 @@ def caller_waits(opts: Any = None, depth: int = 6) -> bool:
     return False
 
 
-def waited_sum_view(tensors: list[torch.Tensor], opts: Any) -> Any:
+def waited_sum_view(tensors: list[torch.Tensor], opts: Any) -> np.ndarray | None:
     """The numpy view of the one tensor of an all_reduce with SUM that the caller waits for at once
     (``dist.all_reduce(t)``, whose options say ``asyncOp=False``), where that tensor is a dense CPU
     tensor numpy can view; None for any other call (CUDA in this process, other ops, several tensors,
