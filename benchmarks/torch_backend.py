@@ -9,8 +9,8 @@ the embedded coordinator) and also makes a gloo group of the same ranks. For eve
 ``dist.all_reduce`` on gloo, ``--repeats`` times (each repeat starting with the next one), and reports
 each one's median time per call (a sample is up to 2,000 back-to-back collsvc calls, 256 MiB in all,
 and up to 200 gloo calls); the overhead and speed-up columns are medians of the ratios within each
-repeat. Then a DDP training step of a ~10.5M-parameter MLP is timed on both
-backends. Every process runs with ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)``.
+repeat. Then a DDP training step of a ~10.5M-parameter MLP is timed on both backends. Every process
+runs with ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)``.
 
 It also times ``dist.all_reduce`` of a 4 KiB tensor on a Python process group that does nothing (its
 ``allreduce`` returns a finished Work): torch's own cost of dispatching a collective to a backend
@@ -124,8 +124,8 @@ def rank_main(config: dict[str, Any]) -> None:
             {
                 "size": size,
                 **{name: statistics.median(v) for name, v in times.items()},
-                "overhead": statistics.median(a / b - 1 for a, b in zip(ours, own, strict=True)),
-                "speedup": statistics.median(g / a for a, g in zip(ours, theirs, strict=True)),
+                "overhead": statistics.median(d / c - 1 for d, c in zip(ours, own, strict=True)),
+                "speedup": statistics.median(g / d for d, g in zip(ours, theirs, strict=True)),
             }
         )
     steps: dict[str, Any] = {}

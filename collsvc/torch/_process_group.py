@@ -67,8 +67,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         self._async_issuer = Issuer(comm, inline=False)
         # A call run inline is bounded by the job's timeout only: with a shorter one of its own, the
         # group issues every call asynchronously, and its Work's wait() bounds it.
-        self._runs_inline = self._wait_limit is None
-        self._inline_issuer = Issuer(comm, inline=True) if self._runs_inline else self._async_issuer
+        self._inline_issuer = Issuer(comm, inline=True) if self._wait_limit is None else self._async_issuer
         self._on_shutdown = on_shutdown
         self._shut = False
         self._group_name = comm.name
@@ -115,7 +114,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         # The most frequent call of all, dist.all_reduce(t) of one CPU tensor with SUM, goes straight to
         # the Communicator with the tensor's kept numpy view; every other call (other ops, several or
         # CUDA tensors, async_op=True, C++ callers) takes the general path.
-        view = waited_sum_view(tensors, opts) if self._runs_inline else None
+        view = waited_sum_view(tensors, opts) if self._wait_limit is None else None
         if view is None:
             return self._allreduce(tensors, opts)
         try:
