@@ -48,7 +48,10 @@ def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
     if event.kind == Events.EVENT_KIND_MEMBER_FAILED:
         return RankFailedError(f"rank {where} failed: {event.reason}", ranks, hosts)
     if event.kind == Events.EVENT_KIND_MEMBER_LEFT:
-        cause = left_cause(event)
+        cause, reason = left_cause(event)
+        if cause and reason:
+            # It ended because its collective failed on these ranks (failed, left or late): its error says how.
+            return RankFailedError(f"rank {where} left the job after its collective failed: {reason}", cause)
         if cause:
             # It ended because its job had failed on these ranks: they are the ones at fault.
             named = ", ".join(str(r) for r in cause)
@@ -64,13 +67,14 @@ def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
     return None
 
 
-def left_cause(event: coordinator_pb2.WatchEvent) -> list[int]:
-    """The ranks a MEMBER_LEFT event names as what had failed the departed member's job ([] if none)."""
+def left_cause(event: coordinator_pb2.WatchEvent) -> tuple[list[int], str]:
+    """The ranks a MEMBER_LEFT event names as what had failed the departed member's job ([] if none),
+    and the departed member's error that said so ("" if not told)."""
     try:
-        raw = json.loads(event.details_json or "{}").get("cause", [])
-        return [int(rank) for rank in raw]
+        details = json.loads(event.details_json or "{}")
+        return [int(rank) for rank in details.get("cause", [])], str(details.get("cause_reason", ""))
     except (ValueError, AttributeError, TypeError):
-        return []
+        return [], ""
 
 
 def left_progress(event: coordinator_pb2.WatchEvent) -> dict[int, dict[str, int]]:
@@ -157,7 +161,7 @@ class Watcher:
             yield item
 
     def beat_now(self) -> None:
-        """Sends progress immediately (used before reporting a timeout)."""
+        """Sends progress immediately, not at the next heartbeat."""
         self._outbox.put(coordinator_pb2.WatchRequest(progress=self._progress.snapshot()))
 
     def _run(self) -> None:
@@ -214,6 +218,9 @@ class Watcher:
                 self._stopping.wait(0.2)  # reconnect backoff while the coordinator may be restarting
 
     def _handle(self, event: coordinator_pb2.WatchEvent) -> None:
+        if event.kind == Events.EVENT_KIND_PROGRESS_WANTED:  # a peer timed out: who started what, now
+            self._outbox.put(coordinator_pb2.WatchRequest(progress=self._progress.snapshot(), answers=event.request_id))
+            return
         error = event_error(event)
         if event.kind == Events.EVENT_KIND_MEMBER_LEFT and isinstance(error, RankFailedError):
             # A clean leave fails only what still needs the departed rank.

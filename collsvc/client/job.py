@@ -230,8 +230,11 @@ class Job:
             return
         self.closed = True
         failure = self.failure.error()
-        cause = [r for r in failure.ranks if r != self.rank] if isinstance(failure, RankFailedError) else []
-        self.client.leave(self.progress.snapshot(), cause)
+        # Ranks that failed, left or were late: named to the others, with the error, so that they blame
+        # them and not this member, which merely ended after them.
+        blamed = failure.ranks if isinstance(failure, (RankFailedError, CollectiveTimeoutError)) else []
+        cause = [r for r in blamed if r != self.rank]
+        self.client.leave(self.progress.snapshot(), cause, str(failure) if cause else "")
         self.watcher.stop()
         self.recorder.close()
         self.executor.shutdown()

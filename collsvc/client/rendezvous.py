@@ -259,10 +259,14 @@ class CoordinatorClient:
                 waiting,
             )
 
-    def progress(self, group: str, seq: int) -> list[dict[str, Any]]:
-        """Members of ``group`` that have not started call ``seq``, with their last completed op."""
-        request = coordinator_pb2.GetProgressRequest(job_id=self.job_id, group=group, seq=seq)
-        reply = self._call("GetProgress", request, "get progress", timeout=min(self.timeout, 5.0))
+    def progress(self, group: str, seq: int, fresh_within: float = 0.0) -> list[dict[str, Any]]:
+        """Members of ``group`` that have not started call ``seq``, with their last completed op. With
+        ``fresh_within``, the coordinator first asks those that look late for their progress as of now
+        and waits up to that many seconds for the answers (heartbeats alone may be a period old)."""
+        request = coordinator_pb2.GetProgressRequest(
+            job_id=self.job_id, group=group, seq=seq, fresh_within_s=fresh_within
+        )
+        reply = self._call("GetProgress", request, "get progress", timeout=min(self.timeout, 5.0) + fresh_within)
         return waiting_from_proto(reply.not_started)
 
     def set(self, key: str, value: bytes) -> None:
@@ -345,10 +349,11 @@ class CoordinatorClient:
         except Exception as exc:  # noqa: BLE001 - reporting must never mask the error being reported
             log.warning("job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc)
 
-    def leave(self, progress: Iterable[common_pb2.Progress] = (), cause: Iterable[int] = ()) -> None:
+    def leave(self, progress: Iterable[common_pb2.Progress] = (), cause: Iterable[int] = (), reason: str = "") -> None:
         """Leaves the job cleanly (best effort, short deadline), telling the coordinator the final
         ``progress`` so the others fail at once whatever call this member never finished, and the
-        ranks whose failure failed this member's job (``cause``), so the others name them."""
+        ranks whose failure failed this member's job (``cause``) with the error that said so
+        (``reason``), so the others name them."""
         if self.rank is None:
             return
         request = coordinator_pb2.LeaveRequest(
@@ -357,6 +362,7 @@ class CoordinatorClient:
             member_secret=self.member_secret,
             progress=list(progress),
             cause_ranks=list(cause),
+            cause_reason=reason,
         )
         deadline = time.monotonic() + min(self.timeout, 5.0)
         try:

@@ -10,6 +10,9 @@ from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import CollectiveTimeoutError, CollsvcError
 
 log = logging.getLogger(__name__)
+# How long the coordinator may wait for the members that look late to report their progress as of now
+# (members answer at once; one that is stopped keeps its last heartbeat's report).
+FRESH_PROGRESS_WAIT_S = 2.0
 
 
 def who_is_missing(
@@ -21,11 +24,12 @@ def who_is_missing(
     error: CollectiveTimeoutError,
 ) -> CollectiveTimeoutError:
     """``error`` (rank ``rank``'s timeout in ``call``) retold with the ranks the coordinator says never
-    started the call, each with its host and last completed collective; the data plane's own list of
-    late ranks where the coordinator cannot be asked or names none. Never raises."""
+    started the call (as of now: it asks those that look late first), each with its host and last
+    completed collective; the data plane's own list of late ranks where the coordinator cannot be asked
+    or names none. Never raises."""
     waiting = error.waiting_on
     try:
-        not_started = client.progress(call.group.name, call.seq)
+        not_started = client.progress(call.group.name, call.seq, FRESH_PROGRESS_WAIT_S)
     except CollsvcError as exc:
         log.warning("rank %d: could not ask who is missing: %s", rank, exc)
         not_started = []

@@ -64,6 +64,27 @@ def raise_for_torch(error: CollsvcError) -> NoReturn:
     raise converted from error
 
 
+def missed_monitored_barrier(error: CollsvcError, milliseconds: int, wait_all_ranks: bool) -> CollsvcError:
+    """``error`` (a monitored barrier's) retold the way gloo's ``monitoredBarrier`` words it, so that torch
+    code matching gloo's message keeps working: "Rank 2 failed to pass monitoredBarrier in 1000 ms"
+    (with ``wait_all_ranks``: "Ranks 1, 2 failed ..."), then collsvc's own message. Same class and
+    attributes; ``error`` unchanged when it names no rank (``ranks``)."""
+    ranks = list(getattr(error, "ranks", ()))
+    if not ranks:
+        return error
+    ms = f"to pass monitoredBarrier in {milliseconds} ms"
+    if wait_all_ranks:
+        lead = f"Ranks {', '.join(str(r) for r in ranks)} failed {ms}"
+    else:  # gloo names the first; collsvc names the others too
+        lead = f"Rank {ranks[0]} failed {ms}"
+        if len(ranks) > 1:
+            lead += f" (so did ranks {', '.join(str(r) for r in ranks[1:])})"
+    retold = type(error).__new__(type(error))
+    retold.__dict__.update(error.__dict__)
+    retold.args = (f"{lead}:\n{error}", *error.args[1:])
+    return retold
+
+
 def translated(fn: F, run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None) -> F:
     """Decorates a method so that collsvc errors it raises leave it as torch-facing errors; ``run(fn, args,
     kwargs)``, when given, calls it (in the same frame: process-group methods run on every collective)."""

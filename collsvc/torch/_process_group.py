@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import collsvc.torch._collectives as ops
 from collsvc.errors import CollsvcError
-from collsvc.torch._errors import raise_for_torch, translated
+from collsvc.torch._errors import missed_monitored_barrier, raise_for_torch, translated
 from collsvc.torch._issuing import Issuer, caller_waits, waited_sum_view
 from collsvc.torch._p2p import PointToPoint
 from collsvc.torch._streams import current, run_on_caller_stream
@@ -255,16 +255,27 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
 
     @translated
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """A barrier that names every rank that did not arrive within ``timeout`` (collsvc always names all).
+        """A barrier that names the ranks that did not arrive within ``timeout`` (a timedelta or seconds;
+        None: the group's timeout). ``dist.monitored_barrier`` lands here for collsvc groups
+        (``_monitored_barrier.py``). Every rank that arrives names every missing one; the message starts
+        as gloo's does ("Rank 2 failed to pass monitoredBarrier in 1000 ms").
 
         Raises:
-            CollectiveTimeoutError: with ``waiting_on`` the missing ranks (also a ``DistBackendError``).
+            ValueError: ``timeout`` is not above zero.
+            CollectiveTimeoutError: some ranks did not arrive in time (``waiting_on`` names them).
+            RankFailedError: a rank failed or left instead (``ranks`` names it).
+            Every one of them also a ``DistBackendError``.
         """
-        if isinstance(timeout, datetime.timedelta):
-            seconds = timeout.total_seconds()
+        if timeout is None:
+            seconds = self._timeout
         else:
-            seconds = self._timeout if timeout is None else float(timeout)
-        self._comm.barrier(seconds if seconds > 0 else self._timeout)
+            seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+            if not seconds > 0:
+                raise ValueError(f"monitored_barrier: timeout must be above zero, got {timeout!r}")
+        try:
+            self._comm.barrier(seconds)
+        except CollsvcError as exc:
+            raise missed_monitored_barrier(exc, round(seconds * 1000), wait_all_ranks) from exc
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -205,8 +205,13 @@ def one_rank_stays_away(rank: int, kind: str, absent: int) -> dict[str, Any] | N
         collsvc.destroy()
 
 
-@pytest.mark.parametrize(("kind", "timeout"), [("all_reduce", 2.0), ("barrier", 1.0)])
-def test_stuck_collective_names_who_is_missing(kind: str, timeout: float, tmp_path: Path) -> None:
+# The last case: heartbeats far apart (5 s) against a 1 s timeout. The coordinator's progress of the
+# ranks that did enter the barrier is then older than their entering it; the timed-out rank must still
+# name only the absent one (the coordinator asks the ranks that look late first).
+@pytest.mark.parametrize(
+    ("kind", "timeout", "heartbeat"), [("all_reduce", 2.0, "0.3"), ("barrier", 1.0, "0.3"), ("barrier", 1.0, "5")]
+)
+def test_stuck_collective_names_who_is_missing(kind: str, timeout: float, heartbeat: str, tmp_path: Path) -> None:
     absent, world_size = 2, 3
     with coordinator() as (_, address):
         result = run_ranks(
@@ -214,7 +219,7 @@ def test_stuck_collective_names_who_is_missing(kind: str, timeout: float, tmp_pa
             world_size,
             address=address,
             args=(kind, absent),
-            env={**FAST_HEARTBEAT, "COLLSVC_DUMP_DIR": str(tmp_path)},
+            env={**FAST_HEARTBEAT, "COLLSVC_HEARTBEAT_INTERVAL": heartbeat, "COLLSVC_DUMP_DIR": str(tmp_path)},
             use_init=False,
             timeout=40,
         )

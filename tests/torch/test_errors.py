@@ -3,6 +3,7 @@ collsvc error naming the rank, and that error is also a ``torch.distributed.Dist
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
 from typing import Any
@@ -140,3 +141,40 @@ def test_new_group_timeout_is_honoured() -> None:
     result = run_torch(group_timeout, 2, collective_timeout=60.0, timeout=120)
     for way, seconds in result.values[0].items():
         assert 1.5 <= seconds < 30.0, way  # the group's 2 s, not the job's 60 s
+
+
+def monitored_barrier_without_one_rank(rank: int, n: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from collsvc import CollectiveTimeoutError, RankFailedError
+
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=60), wait_all_ranks=True)  # everyone: passes
+    with pytest.raises(ValueError, match="above zero"):
+        dist.monitored_barrier(timeout=datetime.timedelta(0))
+    gloo = dist.new_group(backend="gloo")  # a group of another backend still gets torch's own
+    dist.monitored_barrier(gloo, timeout=datetime.timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    absent = n - 1
+    if rank == absent:  # alive and heartbeating, but busy elsewhere until the others gave up
+        store.wait([f"gave-up/{r}" for r in range(absent)], datetime.timedelta(seconds=60))
+        return {}
+    start = time.monotonic()
+    try:
+        with pytest.raises(dist.DistBackendError) as caught:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
+    finally:
+        store.set(f"gave-up/{rank}", "1")
+    error = caught.value
+    # Timed out itself, or saw a peer leave after timing out: either way the absent rank is named.
+    assert isinstance(error, (CollectiveTimeoutError, RankFailedError)), repr(error)
+    return {"ranks": error.ranks, "message": str(error), "seconds": time.monotonic() - start}
+
+
+def test_dist_monitored_barrier_runs_on_collsvc_and_names_the_absent_rank() -> None:
+    result = run_torch(monitored_barrier_without_one_rank, 3, timeout=120)
+    for value in result.values[:2]:
+        assert value["ranks"] == [2], value
+        # gloo's wording first (torch code matches it), then collsvc's own account
+        assert value["message"].startswith("Rank 2 failed to pass monitoredBarrier in 1000 ms:\n"), value
+        assert "waiting on rank 2" in value["message"], value
+        assert value["seconds"] < 10.0, value

@@ -1,4 +1,5 @@
-"""A MEMBER_LEFT event that carries the ranks which had failed the departed member's job names them."""
+"""A MEMBER_LEFT event that carries the ranks which had failed the departed member's job names them,
+with the departed member's error when it told it."""
 
 from __future__ import annotations
 
@@ -25,13 +26,22 @@ def test_a_plain_leave_names_the_member_that_left() -> None:
 
 def test_a_leave_after_a_failure_names_the_cause() -> None:
     event = left({"finished": {"0": {"world": 0}}, "cause": [1]})
-    assert left_cause(event) == [1]
+    assert left_cause(event) == ([1], "")
     assert left_progress(event) == {0: {"world": 0}}
     error = event_error(event)
     assert isinstance(error, RankFailedError) and error.ranks == [1]
     assert "rank 1 failed" in str(error) and "rank 0 (host0) left the job" in str(error)
 
 
+def test_a_leave_after_a_timeout_names_the_late_ranks_with_the_error() -> None:
+    reason = "barrier #1 in group 'world' timed out after 1s on rank 0; waiting on rank 2"
+    event = left({"finished": {"0": {"world": 0}}, "cause": [2], "cause_reason": reason})
+    assert left_cause(event) == ([2], reason)
+    error = event_error(event)
+    assert isinstance(error, RankFailedError) and error.ranks == [2]
+    assert str(error) == f"rank 0 (host0) left the job after its collective failed: {reason}"
+
+
 def test_an_unreadable_cause_is_ignored() -> None:
-    assert left_cause(left({"cause": "x"})) == []
-    assert left_cause(coordinator_pb2.WatchEvent(kind=Events.EVENT_KIND_MEMBER_LEFT, details_json="{")) == []
+    assert left_cause(left({"cause": "x"})) == ([], "")
+    assert left_cause(coordinator_pb2.WatchEvent(kind=Events.EVENT_KIND_MEMBER_LEFT, details_json="{")) == ([], "")

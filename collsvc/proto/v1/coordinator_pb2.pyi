@@ -16,12 +16,14 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_MEMBER_LEFT: _ClassVar[EventKind]
     EVENT_KIND_JOB_ABORTED: _ClassVar[EventKind]
     EVENT_KIND_COLLECTIVE_MISMATCH: _ClassVar[EventKind]
+    EVENT_KIND_PROGRESS_WANTED: _ClassVar[EventKind]
 EVENT_KIND_UNSPECIFIED: EventKind
 EVENT_KIND_WATCHING: EventKind
 EVENT_KIND_MEMBER_FAILED: EventKind
 EVENT_KIND_MEMBER_LEFT: EventKind
 EVENT_KIND_JOB_ABORTED: EventKind
 EVENT_KIND_COLLECTIVE_MISMATCH: EventKind
+EVENT_KIND_PROGRESS_WANTED: EventKind
 
 class JoinRequest(_message.Message):
     __slots__ = ("job_id", "world_size", "requested_rank", "host", "peer_address", "device", "pid", "local_rank_hint", "timeout_s", "idempotency_key")
@@ -222,36 +224,40 @@ class DeleteKeyResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "member_secret", "progress", "stats", "last_event_seq")
+    __slots__ = ("job_id", "rank", "member_secret", "progress", "stats", "last_event_seq", "answers")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     member_secret: str
     progress: _containers.RepeatedCompositeFieldContainer[_common_pb2.Progress]
     stats: _containers.RepeatedCompositeFieldContainer[_common_pb2.CollectiveStats]
     last_event_seq: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., stats: _Optional[_Iterable[_Union[_common_pb2.CollectiveStats, _Mapping]]] = ..., last_event_seq: _Optional[int] = ...) -> None: ...
+    answers: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., stats: _Optional[_Iterable[_Union[_common_pb2.CollectiveStats, _Mapping]]] = ..., last_event_seq: _Optional[int] = ..., answers: _Optional[int] = ...) -> None: ...
 
 class WatchEvent(_message.Message):
-    __slots__ = ("kind", "ranks", "hosts", "reason", "details_json", "seq")
+    __slots__ = ("kind", "ranks", "hosts", "reason", "details_json", "seq", "request_id")
     KIND_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     kind: EventKind
     ranks: _containers.RepeatedScalarFieldContainer[int]
     hosts: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     details_json: str
     seq: int
-    def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., hosts: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., details_json: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    request_id: int
+    def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., hosts: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., details_json: _Optional[str] = ..., seq: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
     __slots__ = ("job_id", "rank", "member_secret", "kind", "reason", "details_json", "ranks")
@@ -276,14 +282,16 @@ class ReportFailureResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetProgressRequest(_message.Message):
-    __slots__ = ("job_id", "group", "seq")
+    __slots__ = ("job_id", "group", "seq", "fresh_within_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    FRESH_WITHIN_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group: str
     seq: int
-    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    fresh_within_s: float
+    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., seq: _Optional[int] = ..., fresh_within_s: _Optional[float] = ...) -> None: ...
 
 class GetProgressResponse(_message.Message):
     __slots__ = ("not_started",)
@@ -324,18 +332,20 @@ class FindGroupResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "member_secret", "progress", "cause_ranks")
+    __slots__ = ("job_id", "rank", "member_secret", "progress", "cause_ranks", "cause_reason")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     CAUSE_RANKS_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     member_secret: str
     progress: _containers.RepeatedCompositeFieldContainer[_common_pb2.Progress]
     cause_ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., cause_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    cause_reason: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., cause_ranks: _Optional[_Iterable[int]] = ..., cause_reason: _Optional[str] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ()

@@ -43,6 +43,10 @@ SERVICE = pb.DESCRIPTOR.services_by_name["Coordinator"]
 
 # Every member passing a barrier gets the same answer: serialized once, not once per member.
 BARRIER_PASSED = pb.BarrierResponse(complete=True).SerializeToString()
+# The longest a GetProgress call waits for members to report their progress as of now.
+MAX_FRESH_PROGRESS_S = 10.0
+# The longest error message a leaving member may pass on to the others.
+MAX_CAUSE_REASON_CHARS = 2000
 
 
 async def usable(rt: JobRuntime, timeout_s: float, context: Context) -> JobRuntime:
@@ -225,17 +229,20 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         await usable(rt, 0.0, context)
         rt.job.heartbeat(member, progress_tuples(request.progress))  # its final progress
         cause = sorted({r for r in request.cause_ranks if 0 <= r < len(rt.job.members) and r != member.rank})
-        self.hub.leave(rt, member, cause)
+        self.hub.leave(rt, member, cause, request.cause_reason[:MAX_CAUSE_REASON_CHARS])
         return pb.LeaveResponse()
 
     # --------------------------------------------------------------------- progress and groups
 
     @translate_errors
     async def GetProgress(self, request: Any, context: Context) -> Any:
-        job = (await self._find(request.job_id, context)).job
-        return pb.GetProgressResponse(
-            not_started=waiting_protos(job.not_started(request.group or "world", request.seq))
-        )
+        rt = await self._find(request.job_id, context)
+        group = request.group or "world"
+        if request.fresh_within_s > 0:  # first, progress as of now from those that look late
+            late = [w.rank for w in rt.job.not_started(group, request.seq)]
+            seconds = wait_seconds(min(request.fresh_within_s, MAX_FRESH_PROGRESS_S), context)
+            await rt.progress_requests.refresh(rt.streams, late, seconds)
+        return pb.GetProgressResponse(not_started=waiting_protos(rt.job.not_started(group, request.seq)))
 
     @translate_errors
     async def NewGroup(self, request: Any, context: Context) -> Any:

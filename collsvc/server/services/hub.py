@@ -23,6 +23,7 @@ from collsvc.server.services.broadcast import Broadcast
 from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.services.departure_news import DepartureNews
 from collsvc.server.services.heartbeat_pace import pace_for
+from collsvc.server.services.progress_requests import ProgressRequests
 from collsvc.server.state.barriers import BarrierKey
 from collsvc.server.state.common import Clock, Member, MemberState, WaitingInfo
 from collsvc.server.state.credentials import MemberSecrets, member_key
@@ -86,6 +87,7 @@ class JobRuntime:
             self.usable.set()
         self.events: list[Any] = []  # every numbered Watch event, replayed to a stream that missed some
         self.departures = DepartureNews(self._announce_departures, lambda: len(self.streams), clock)
+        self.progress_requests = ProgressRequests()  # members asked for their progress as of now
         self._members_cache: tuple[int, bytes] | None = None
         # (group, generation) -> (arrivals then, when, the timed-out reply's waiting list).
         self._barrier_waiting: dict[BarrierKey, tuple[int, float, list[WaitingInfo]]] = {}
@@ -200,14 +202,16 @@ class JobRuntime:
             self.usable.set()
 
 
-def _left_event(members: list[Member], cause: list[int]) -> Any:
+def _left_event(members: list[Member], cause: list[int], cause_reason: str = "") -> Any:
     """MEMBER_LEFT with each member's final progress, so the others can fail at once exactly the calls
     it never finished (a clean leave after finishing a call must not fail that call elsewhere), and
-    the ranks that had failed its job, if any (``cause``)."""
+    the ranks that had failed its job, if any (``cause``), with the error that said so (``cause_reason``)."""
     finished = {str(m.rank): {group: record.finished_seq for group, record in m.progress.items()} for m in members}
     details: dict[str, Any] = {"finished": finished}
     if cause:
         details["cause"] = cause
+        if cause_reason:
+            details["cause_reason"] = cause_reason
     return _event(Events.EVENT_KIND_MEMBER_LEFT, members, "left the job", json.dumps(details))
 
 
@@ -277,14 +281,15 @@ class Hub:
         rt.wake_barriers()
         self.drop_if_finished(rt)
 
-    def leave(self, rt: JobRuntime, member: Member, cause: list[int] | None = None) -> None:
-        """``cause``: ranks whose failure had failed the member's job before it left (named to the others)."""
+    def leave(self, rt: JobRuntime, member: Member, cause: list[int] | None = None, cause_reason: str = "") -> None:
+        """``cause``: ranks whose failure (or lateness: ``cause_reason`` says which) had failed the
+        member's job before it left (named to the others)."""
         if not rt.job.leave(member):
             return
         # The member's own stream stays open: the client ends it after Leave returns. A departure that
         # names the ranks that failed the member's job is told at once; plain ones go out in batches.
         if cause:
-            rt.send(_left_event([member], cause), exclude=(member.rank,))
+            rt.send(_left_event([member], cause, cause_reason), exclude=(member.rank,))
         else:
             rt.departures.add(member)
         rt.wake_barriers()
@@ -353,6 +358,7 @@ class Hub:
         if rt.streams.get(member.rank) is not stream:
             return  # replaced by a newer stream, or the member left
         del rt.streams[member.rank]
+        rt.progress_requests.gone(member.rank)
         if not member.gone:
             self.fail(rt, [member.rank], "its heartbeat stream closed without leaving the job")
 

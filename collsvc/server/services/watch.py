@@ -11,22 +11,25 @@ import grpc
 from collsvc.observability.stats import keep_latest
 from collsvc.server.interceptors import Context
 from collsvc.server.services.convert import progress_tuples
-from collsvc.server.services.hub import Hub, Stream
+from collsvc.server.services.hub import Hub, JobRuntime, Stream
 from collsvc.server.state.common import Member
-from collsvc.server.state.jobs import Job
 
 log = logging.getLogger(__name__)
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
 
-async def _read_heartbeats(job: Job, member: Member, stream: Stream, context: Context) -> None:
-    """Records every heartbeat; when the client's side ends (or breaks), ends the stream."""
+async def _read_heartbeats(rt: JobRuntime, member: Member, stream: Stream, context: Context) -> None:
+    """Records every heartbeat (and what it answers); when the client's side ends (or breaks), ends the
+    stream."""
+    job = rt.job
     try:
         while True:
             request = await context.read()
             if request is _EOF:
                 break
             job.heartbeat(member, progress_tuples(request.progress))
+            if request.answers:
+                rt.progress_requests.answered(member.rank, request.answers)
             if request.stats:
                 keep_latest(member.stats, request.stats)
     except asyncio.CancelledError:
@@ -54,7 +57,7 @@ async def watch(hub: Hub, context: Context) -> None:
     job.heartbeat(member, progress_tuples(first.progress))
     stream = hub.open_stream(rt, member, first.last_event_seq)
     log.debug("job %s rank %d (%s): watching", job.job_id, member.rank, member.host)
-    reader = asyncio.ensure_future(_read_heartbeats(job, member, stream, context))
+    reader = asyncio.ensure_future(_read_heartbeats(rt, member, stream, context))
     try:
         while True:
             event = await stream.queue.get()
