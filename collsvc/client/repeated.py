@@ -17,11 +17,11 @@ import numpy as np
 
 from collsvc.client.backends.base import Call, GroupSpec, Signature
 from collsvc.client.backends.reduction import finish_average
-from collsvc.client.backends.ring.backend import global_mismatch
+from collsvc.client.backends.ring.global_ranks import in_global_ranks
 from collsvc.client.backends.shm.group import LocalGroup
 from collsvc.client.backends.shm.groups import CallWatch
 from collsvc.client.job import Job
-from collsvc.errors import CollectiveMismatchError, CollsvcError
+from collsvc.errors import CollsvcError
 
 # The shared-memory group of a Communicator on one host, as ``RingBackend.existing_shared`` finds it: the
 # group, the watch that must follow each call (its departure check and mismatch label), and the global
@@ -96,7 +96,7 @@ class RepeatedCall:
             result = self._move(x, out, deadline)
         except CollsvcError as exc:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
-            error = global_mismatch(call, self._local, exc) if isinstance(exc, CollectiveMismatchError) else exc
+            error = in_global_ranks(call, self._local, exc)
             span = (call, int(started * 1e9), 0)
             raise self._job.call_failed(call, record, span, error) from error
         ended = time.time()

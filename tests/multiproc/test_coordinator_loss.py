@@ -154,3 +154,70 @@ def test_coordinator_never_restarted_ends_the_job_naming_it(daemon: Coordinator,
         )
     assert took < BOUND, took
     print(f"MEASURED all ranks finished {took:.2f}s after the coordinator was killed")
+
+
+def subgroup_times_out_without_the_coordinator(comm: collsvc.Communicator, ready_fifo: str, release_fifo: str) -> Any:
+    """Ranks 1 and 2 form a group and run one call in it; once the coordinator is gone, rank 1 enters
+    a barrier of that group that rank 2 stays away from (until rank 1 gave up)."""
+    sub = comm.new_group([1, 2])
+    if sub is not None:
+        sub.all_reduce(np.ones(4))  # the group's shared memory is set up while the coordinator lives
+    store = kv(comm)
+    store.set(f"ready/{comm.rank}", b"1")
+    if comm.rank == 0:
+        for rank in range(comm.size):
+            store.get(f"ready/{rank}", KV_WAIT)
+        with open(ready_fifo, "w") as fifo:  # the parent waits on this FIFO, then kills the daemon
+            fifo.write("ready")
+        return None
+    if comm.rank == 2:
+        with open(release_fifo) as fifo:  # blocks until rank 1 opens it for writing
+            fifo.read()
+        return None
+    assert sub is not None
+    try:
+        return attempt(sub.barrier, timeout=1.0)
+    finally:
+        with open(release_fifo, "w") as fifo:
+            fifo.write("done")
+
+
+def test_a_timeout_without_the_coordinator_names_the_late_rank_by_its_global_rank(
+    daemon: Coordinator, tmp_path: Path
+) -> None:
+    """Who is late then comes from the shared-memory group itself, which numbers its members 0..n-1
+    among those on the host: rank 2 is its member 1. The error names global rank 2, not rank 1."""
+    import threading
+
+    ready, release = tmp_path / "ready", tmp_path / "release"
+    os.mkfifo(ready)
+    os.mkfifo(release)
+    fd = os.open(ready, os.O_RDONLY | os.O_NONBLOCK)
+    box: dict[str, Any] = {}
+
+    def ranks() -> None:
+        try:
+            box["result"] = run_ranks(
+                subgroup_times_out_without_the_coordinator,
+                3,
+                address=daemon.address,
+                args=(str(ready), str(release)),
+                env={"COLLSVC_COORDINATOR_GRACE": "30"},
+                timeout=BOUND + 20,
+            )
+        except BaseException as exc:  # handed to the test thread
+            box["error"] = exc
+
+    runner = threading.Thread(target=ranks)
+    runner.start()
+    try:
+        _wait_for_ready(fd, 30.0)
+    finally:
+        os.close(fd)
+    daemon.kill()
+    runner.join(BOUND + 30)
+    assert "error" not in box, box.get("error")
+    seen = box["result"].outcomes[1].value
+    assert seen["type"] == "CollectiveTimeoutError", seen
+    assert [w["rank"] for w in seen["waiting_on"]] == [2], seen
+    assert "waiting on rank 2 (" in seen["message"], seen["message"]

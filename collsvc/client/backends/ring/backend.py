@@ -23,11 +23,12 @@ import numpy as np
 from collsvc.client.backends.base import Backend, Call, Channel, GroupSpec, mismatch_error
 from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring import algorithms
+from collsvc.client.backends.ring.global_ranks import in_global_ranks
 from collsvc.client.backends.ring.host_barrier import pass_for_host
 from collsvc.client.backends.ring.topology import Topology, plan
 from collsvc.client.backends.shm.group import LocalGroup
 from collsvc.client.backends.shm.groups import CallWatch, LocalGroups
-from collsvc.errors import CollectiveMismatchError
+from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError
 from collsvc.types import ReduceOp
 
 # Chunk of the hierarchical all_reduce pipeline: big enough that per-chunk overheads stay small,
@@ -86,14 +87,28 @@ class RingBackend:
         """The LocalGroup for a call whose whole group is on this host (``topo``: its topology), else None."""
         if topo is None or self._local_groups is None or not topo.single_host or call.group.size == 1:
             return None
-        return self._local_groups.get(call, topo.local, topo.local_index)
+        return self._joined(call, call, topo)
+
+    def _joined(self, call: Call, local_call: Call, topo: Topology) -> LocalGroup:
+        """The LocalGroup of ``topo``'s members on this host, for ``local_call`` (``call`` itself, or its
+        part on this host); made (joined by every local member) on first use.
+
+        Raises:
+            CollectiveTimeoutError: a local member did not join in time (``waiting_on``: global ranks).
+        """
+        assert self._local_groups is not None
+        try:
+            return self._local_groups.get(local_call, topo.local, topo.local_index)
+        except CollectiveTimeoutError as exc:
+            raise in_global_ranks(call, topo.local, exc) from exc
 
     def _local(self, call: Call, local: tuple[int, ...], body: Callable[[], None]) -> None:
-        """Runs a shared-memory step, naming mismatches by global rank with this rank's full call."""
+        """Runs a shared-memory step, naming mismatches (with this rank's full call) and late ranks by
+        global rank."""
         try:
             body()
-        except CollectiveMismatchError as exc:
-            raise global_mismatch(call, local, exc) from exc
+        except (CollectiveMismatchError, CollectiveTimeoutError) as exc:
+            raise in_global_ranks(call, local, exc) from exc
 
     def _run_rooted(self, call: Call, body: Callable[[Channel], Any]) -> None:
         """A rooted call over gRPC: members first agree on the call, then run ``body``.
@@ -154,8 +169,8 @@ class RingBackend:
         if shared is not None:
             try:
                 shared.all_reduce(buf, inner, call.deadline, digest=call.signature.digest)
-            except CollectiveMismatchError as exc:
-                raise global_mismatch(call, self._local_ranks(call), exc) from exc
+            except (CollectiveMismatchError, CollectiveTimeoutError) as exc:
+                raise in_global_ranks(call, self._local_ranks(call), exc) from exc
         elif topo is not None and self._use_hierarchy(topo):
             self._hierarchical_all_reduce(call, buf, inner, topo)
         else:
@@ -191,7 +206,7 @@ class RingBackend:
         bounds = [(lo, min(lo + step, buf.size)) for lo in range(0, buf.size, step)] or [(0, 0)]
         shared = None
         if self._local_groups is not None and len(topo.local) > 1:
-            shared = self._local_groups.get(self._sub_call(call, "/host", topo.local, me), topo.local, topo.local_index)
+            shared = self._joined(call, self._sub_call(call, "/host", topo.local, me), topo)
         crossing: list[Future[None]] = []
 
         def local(kind: str, k: int) -> None:
@@ -200,10 +215,11 @@ class RingBackend:
             if len(topo.local) == 1:
                 return
             if shared is not None:
+                group, digest = shared, call.signature.digest
                 if kind == "reduce":
-                    shared.reduce(part, op, 0, call.deadline, digest=call.signature.digest)
+                    self._local(call, topo.local, lambda: group.reduce(part, op, 0, call.deadline, digest=digest))
                 else:
-                    shared.broadcast(part, 0, call.deadline, digest=call.signature.digest)
+                    self._local(call, topo.local, lambda: group.broadcast(part, 0, call.deadline, digest=digest))
                 return
             sub = self._sub_call(call, f"/host/{k}", topo.local, me)
             if kind == "reduce":
@@ -366,17 +382,6 @@ class RingBackend:
         finished sequence number): calls that still need them raise ``error``; the others go on."""
         if self._local_groups is not None:
             self._local_groups.depart(ranks, error, finished)
-
-
-def global_mismatch(call: Call, local: tuple[int, ...], error: CollectiveMismatchError) -> CollectiveMismatchError:
-    """A shared-memory mismatch (details keyed by local rank) keyed by global rank instead, with this
-    rank's entry replaced by its full signature."""
-    details: dict[int, Any] = {
-        local[key] if isinstance(key, int) and 0 <= key < len(local) else key: value
-        for key, value in error.details.items()
-    }
-    details[call.group.ranks[call.group.index]] = call.signature.describe()
-    return mismatch_error(call, details)
 
 
 _CHECKED_AGAINST_THE_PROTOCOL: type[Backend] = RingBackend  # mypy checks every method against Backend
