@@ -91,6 +91,11 @@ class CoordinatorLink:
                     if remaining <= 0:
                         raise
 
+    @property
+    def up(self) -> bool:
+        """Whether the coordinator is reachable as far as the watcher knows (not lost, not given up on)."""
+        return self._up and self._error is None
+
     def lost(self) -> None:
         """The watcher's stream broke: calls wait from now on."""
         with self._changed:

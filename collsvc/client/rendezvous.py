@@ -21,7 +21,7 @@ from collsvc.client.join_relay import RelayedJoin, join_through_relay
 from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.client.relay_wire import RELAY_ENV
-from collsvc.errors import CollectiveTimeoutError, error_from_rpc
+from collsvc.errors import CollectiveTimeoutError, RendezvousError, error_from_rpc
 from collsvc.options import TlsFiles
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -261,12 +261,23 @@ class CoordinatorClient:
 
     def progress(self, group: str, seq: int, fresh_within: float = 0.0) -> list[dict[str, Any]]:
         """Members of ``group`` that have not started call ``seq``, with their last completed op. With
-        ``fresh_within``, the coordinator first asks those that look late for their progress as of now
-        and waits up to that many seconds for the answers (heartbeats alone may be a period old)."""
-        request = coordinator_pb2.GetProgressRequest(
-            job_id=self.job_id, group=group, seq=seq, fresh_within_s=fresh_within
-        )
-        reply = self._call("GetProgress", request, "get progress", timeout=min(self.timeout, 5.0) + fresh_within)
+        ``fresh_within``, the coordinator first asks those that look late for their progress now and
+        waits up to that long for the answers. Asked once, never waiting for a lost coordinator (it
+        only makes an error more precise).
+
+        Raises:
+            RendezvousError: the coordinator is lost now, or did not answer.
+            CollsvcError / ValueError: the coordinator's error.
+        """
+        where, limit = f"get progress (coordinator {self.address}, job '{self.job_id}')", min(self.timeout, 5.0)
+        if not self.link.up:
+            raise RendezvousError(f"{where}: the coordinator is unreachable now")
+        request = coordinator_pb2.GetProgressRequest(job_id=self.job_id, group=group, seq=seq)
+        request.fresh_within_s = fresh_within
+        try:
+            reply = self.stub.GetProgress(request, timeout=limit + fresh_within, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, where) from exc
         return waiting_from_proto(reply.not_started)
 
     def set(self, key: str, value: bytes) -> None:

@@ -30,7 +30,7 @@ def who_is_missing(
     waiting = error.waiting_on
     try:
         not_started = client.progress(call.group.name, call.seq, FRESH_PROGRESS_WAIT_S)
-    except CollsvcError as exc:
+    except (CollsvcError, ValueError) as exc:
         log.warning("rank %d: could not ask who is missing: %s", rank, exc)
         not_started = []
     if not_started:
