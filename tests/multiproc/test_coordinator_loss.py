@@ -13,6 +13,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 import collsvc
-from tests.harness import TOKEN, run_ranks
+from tests.harness import TOKEN, JobResult, run_ranks
 from tests.multiproc.test_faults import attempt, kv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,39 +105,53 @@ def _wait_for_ready(fd: int, bound: float) -> None:
     assert readable and os.read(fd, 16) == b"ready", "ranks never became ready"
 
 
-def test_coordinator_never_restarted_ends_the_job_naming_it(daemon: Coordinator, tmp_path: Path) -> None:
-    import threading
+def run_in_thread(target: Any, box: dict[str, Any], *args: Any, **kwargs: Any) -> threading.Thread:
+    """Starts ``target(*args, **kwargs)`` on a thread; its result lands in ``box["result"]``, or what it
+    raised in ``box["error"]`` (handed to the test thread by :func:`finish`)."""
 
-    ready = tmp_path / "ready"
-    os.mkfifo(ready)
-    fd = os.open(ready, os.O_RDONLY | os.O_NONBLOCK)  # opened first, so the rank's open for writing returns
-    env = {"COLLSVC_COORDINATOR_GRACE": str(GRACE), "COLLSVC_HEARTBEAT_INTERVAL": "0.3"}
-    box: dict[str, Any] = {}
-
-    def ranks() -> None:
+    def body() -> None:
         try:
-            box["result"] = run_ranks(
-                block_until_coordinator_dies,
-                3,
-                address=daemon.address,
-                args=(str(ready),),
-                env=env,
-                timeout=BOUND + 20,
-            )
+            box["result"] = target(*args, **kwargs)
         except BaseException as exc:  # handed to the test thread
             box["error"] = exc
 
-    runner = threading.Thread(target=ranks)
-    runner.start()
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread
+
+
+def finish(runner: threading.Thread, box: dict[str, Any], bound: float) -> JobResult:
+    """The JobResult of the job :func:`run_in_thread` runs, once it ended (within ``bound`` seconds)."""
+    runner.join(bound)
+    assert not runner.is_alive(), "the job never ended"
+    assert "error" not in box, box.get("error")
+    result: JobResult = box["result"]
+    return result
+
+
+def run_and_kill_when_ready(
+    daemon: Coordinator, ready: Path, fn: Any, args: tuple[Any, ...], env: dict[str, str]
+) -> tuple[JobResult, float]:
+    """Runs ``fn(comm, str(ready), *args)`` on 3 ranks of ``daemon``; once a rank writes "ready" into
+    the FIFO ``ready``, SIGKILLs the daemon. Returns (the ranks' JobResult, when the daemon was killed)."""
+    os.mkfifo(ready)
+    fd = os.open(ready, os.O_RDONLY | os.O_NONBLOCK)  # opened first, so the rank's open for writing returns
+    box: dict[str, Any] = {}
+    runner = run_in_thread(
+        run_ranks, box, fn, 3, address=daemon.address, args=(str(ready), *args), env=env, timeout=BOUND + 20
+    )
     try:
         _wait_for_ready(fd, 30.0)
     finally:
         os.close(fd)
     killed_at = time.monotonic()
     daemon.kill()
-    runner.join(BOUND + 30)
-    assert "error" not in box, box.get("error")
-    result = box["result"]
+    return finish(runner, box, BOUND + 30), killed_at
+
+
+def test_coordinator_never_restarted_ends_the_job_naming_it(daemon: Coordinator, tmp_path: Path) -> None:
+    env = {"COLLSVC_COORDINATOR_GRACE": str(GRACE), "COLLSVC_HEARTBEAT_INTERVAL": "0.3"}
+    result, killed_at = run_and_kill_when_ready(daemon, tmp_path / "ready", block_until_coordinator_dies, (), env)
     took = time.monotonic() - killed_at
     for outcome in result.outcomes:
         blocked, later = outcome.value["blocked"], outcome.value["later"]
@@ -187,37 +202,16 @@ def test_a_timeout_without_the_coordinator_names_the_late_rank_by_its_global_ran
 ) -> None:
     """Who is late then comes from the shared-memory group itself, which numbers its members 0..n-1
     among those on the host: rank 2 is its member 1. The error names global rank 2, not rank 1."""
-    import threading
-
-    ready, release = tmp_path / "ready", tmp_path / "release"
-    os.mkfifo(ready)
+    release = tmp_path / "release"
     os.mkfifo(release)
-    fd = os.open(ready, os.O_RDONLY | os.O_NONBLOCK)
-    box: dict[str, Any] = {}
-
-    def ranks() -> None:
-        try:
-            box["result"] = run_ranks(
-                subgroup_times_out_without_the_coordinator,
-                3,
-                address=daemon.address,
-                args=(str(ready), str(release)),
-                env={"COLLSVC_COORDINATOR_GRACE": "30"},
-                timeout=BOUND + 20,
-            )
-        except BaseException as exc:  # handed to the test thread
-            box["error"] = exc
-
-    runner = threading.Thread(target=ranks)
-    runner.start()
-    try:
-        _wait_for_ready(fd, 30.0)
-    finally:
-        os.close(fd)
-    daemon.kill()
-    runner.join(BOUND + 30)
-    assert "error" not in box, box.get("error")
-    seen = box["result"].outcomes[1].value
+    result, _ = run_and_kill_when_ready(
+        daemon,
+        tmp_path / "ready",
+        subgroup_times_out_without_the_coordinator,
+        (str(release),),
+        {"COLLSVC_COORDINATOR_GRACE": "30"},
+    )
+    seen = result.outcomes[1].value
     assert seen["type"] == "CollectiveTimeoutError", seen
     assert [w["rank"] for w in seen["waiting_on"]] == [2], seen
     assert "waiting on rank 2 (" in seen["message"], seen["message"]

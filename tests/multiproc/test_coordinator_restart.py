@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,8 @@ import numpy as np
 import pytest
 
 import collsvc
-from tests.harness import JobResult, run_ranks
-from tests.multiproc.test_coordinator_loss import Coordinator
+from tests.harness import run_ranks
+from tests.multiproc.test_coordinator_loss import Coordinator, finish, run_in_thread
 from tests.multiproc.test_faults import attempt, kv
 
 GRACE = 20.0  # COLLSVC_COORDINATOR_GRACE for these jobs: far longer than a restart takes
@@ -123,31 +122,11 @@ def train(comm: collsvc.Communicator, report_path: str, command_path: str) -> di
     return {"steps": step, "longest": longest}
 
 
-def _run_in_thread(target: Any, box: dict[str, Any], *args: Any, **kwargs: Any) -> threading.Thread:
-    def body() -> None:
-        try:
-            box["result"] = target(*args, **kwargs)
-        except BaseException as exc:  # handed to the test thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    return thread
-
-
-def _finish(runner: threading.Thread, box: dict[str, Any]) -> JobResult:
-    runner.join(BOUND + 30)
-    assert not runner.is_alive(), "the job never ended"
-    assert "error" not in box, box.get("error")
-    result: JobResult = box["result"]
-    return result
-
-
 @pytest.mark.parametrize("restarts", [1, 2])
 def test_training_outlives_coordinator_restarts(daemon: Coordinator, tmp_path: Path, restarts: int) -> None:
     pipes = Pipes(tmp_path)
     box: dict[str, Any] = {}
-    runner = _run_in_thread(
+    runner = run_in_thread(
         run_ranks, box, train, SIZE, address=daemon.address, args=(pipes.report_path, pipes.command_path),
         env=ENV, timeout=BOUND,
     )  # fmt: skip
@@ -161,7 +140,7 @@ def test_training_outlives_coordinator_restarts(daemon: Coordinator, tmp_path: P
             pipes.send("restarted")
             pipes.expect("resumed")
         pipes.send("stop")
-        result = _finish(runner, box)
+        result = finish(runner, box, BOUND + 30)
     finally:
         pipes.close()
         if current is not daemon:
@@ -198,7 +177,7 @@ def test_barrier_half_full_when_the_coordinator_died_completes(daemon: Coordinat
     killed = tmp_path / "killed"
     os.mkfifo(killed)
     box: dict[str, Any] = {}
-    runner = _run_in_thread(
+    runner = run_in_thread(
         run_ranks, box, wait_in_barrier, SIZE, address=daemon.address, args=(pipes.report_path, str(killed)),
         env=ENV, timeout=BOUND,
     )  # fmt: skip
@@ -210,7 +189,7 @@ def test_barrier_half_full_when_the_coordinator_died_completes(daemon: Coordinat
             fifo.write("killed")
         time.sleep(DOWNTIME)  # the outage itself
         again = Coordinator(tmp_path, port=daemon.port)
-        result = _finish(runner, box)
+        result = finish(runner, box, BOUND + 30)
     finally:
         pipes.close()
         if again is not None:
@@ -227,7 +206,7 @@ def train_until_failure(comm: collsvc.Communicator, report_path: str, command_pa
 def test_rank_killed_while_the_coordinator_is_down_is_detected(daemon: Coordinator, tmp_path: Path) -> None:
     pipes = Pipes(tmp_path)
     box: dict[str, Any] = {}
-    runner = _run_in_thread(
+    runner = run_in_thread(
         run_ranks, box, train_until_failure, SIZE, address=daemon.address,
         args=(pipes.report_path, pipes.command_path), env=ENV, timeout=BOUND, allow_failures=True,
     )  # fmt: skip
@@ -239,7 +218,7 @@ def test_rank_killed_while_the_coordinator_is_down_is_detected(daemon: Coordinat
         killed_at = time.monotonic()
         time.sleep(DOWNTIME)  # the outage itself
         again = Coordinator(tmp_path, port=daemon.port)
-        result = _finish(runner, box)
+        result = finish(runner, box, BOUND + 30)
     finally:
         pipes.close()
         if again is not None:
