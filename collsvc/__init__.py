@@ -6,6 +6,8 @@ the same job, the same one); module-level functions act on the default one.
 
 from typing import TYPE_CHECKING, Any
 
+from collsvc import dynamo_skip
+
 if TYPE_CHECKING:  # the public names, for type checkers and IDEs; loaded lazily at run time
     from collsvc import elastic
     from collsvc._api import (
@@ -98,6 +100,8 @@ def __getattr__(name: str) -> Any:
 
 
 __version__ = "0.1.0"
+
+dynamo_skip.install()  # torch.compile runs collsvc's code as it is, without tracing into it
 
 __all__ = [
     "AVG",
