@@ -149,6 +149,44 @@ def test_ddp_and_fsdp2_train_on_cuda(world_size: int) -> None:
     assert set(result.values[0]) == {"ddp-default", "ddp-comm_hook", "ddp-bucket_view", "fsdp2"}
 
 
+def compiled_ddp_on_cuda(rank: int, n: int) -> list[tuple[float, float]]:
+    """``torch.compile(DDP(model))`` with the default compiler (inductor) on CUDA, against the same DDP
+    uncompiled; the model has BatchNorm, so DDP broadcasts buffers outside the compiled graph."""
+    import torch
+
+    torch.cuda.set_device(0)
+
+    def train(compiled: bool) -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        ).cuda()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        step = torch.compile(ddp) if compiled else ddp
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        generator = torch.Generator().manual_seed(100 + rank)
+        losses = []
+        for _ in range(30):
+            x = torch.randn(8, 16, generator=generator).cuda()
+            loss = torch.nn.functional.mse_loss(step(x), x[:, :4])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    return list(zip(train(True), train(False), strict=True))
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_compiled_ddp_trains_on_cuda(world_size: int) -> None:
+    result = run_torch(compiled_ddp_on_cuda, world_size, env=ONE_GPU, timeout=300)
+    for pairs in result.values:
+        compiled, eager = zip(*pairs, strict=True)
+        assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-5)
+        assert sum(compiled[-3:]) < sum(compiled[:3])  # it trains
+
+
 def dead_rank_with_cuda_tensors(rank: int, n: int) -> dict[str, Any]:
     from tests.torch import test_errors
 
