@@ -6,6 +6,8 @@
 - Under torchrun, ``env://``, ``tcp://`` or ``file://``: the world group's rank 0 starts an embedded
   coordinator (loopback when every rank is on its host, else all interfaces) with a fresh token and
   job id, and publishes them through the store torch hands the backend; every rank then joins it.
+  The keys are named after the bootstrap (:func:`_bootstrap_prefix`): torchrun keeps its store across
+  restarts, and a rank of a restarted attempt must not join the coordinator of the attempt before.
 - A process that called ``collsvc.init`` itself keeps that communicator, if its rank and size agree.
 
 Sub-groups (``new_group``, ``new_subgroups``, DeviceMesh) are sub-communicators of the world's job,
@@ -40,6 +42,7 @@ if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
 log = logging.getLogger(__name__)
 
 _KEY = "collsvc.torch/"
+_bootstraps = 0  # store bootstraps of a world group in this process so far
 _LEAVE_WAIT = datetime.timedelta(seconds=10)  # how long rank 0 keeps the embedded coordinator for the others
 
 
@@ -123,13 +126,27 @@ def install_rendezvous() -> None:
         handlers["env"] = _wrap_env_handler(current)
 
 
-def _publish_coordinator(store: Any, size: int) -> tuple[dict[str, str], Any]:
+def _bootstrap_prefix() -> str:
+    """The prefix of this store bootstrap's keys, the same on every rank of one world: torchrun's restart
+    count (``TORCHELASTIC_RESTART_COUNT``), then how many world groups this process bootstrapped before
+    (ranks create and destroy their world groups in step, as torch requires).
+
+    torchrun's store outlives a restart: under one fixed key, a rank of the restarted attempt read the
+    coordinator address of the attempt before (whose rank 0 had died with it), and the job failed to
+    form ("only 1 of 2 members joined").
+    """
+    global _bootstraps
+    _bootstraps += 1
+    return f"{_KEY}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.{_bootstraps}/"
+
+
+def _publish_coordinator(store: Any, keys: str, size: int) -> tuple[dict[str, str], Any]:
     """Rank 0: starts the embedded coordinator and returns what the others need to join it."""
     from collsvc.options import CoordinatorOptions
     from collsvc.server.app import CoordinatorThread
 
     me = socket.gethostname()
-    hosts = {store.get(f"{_KEY}host/{r}").decode() for r in range(size)}
+    hosts = {store.get(f"{keys}host/{r}").decode() for r in range(size)}
     one_host = hosts == {me}
     token = secrets.token_urlsafe(32)
     server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1" if one_host else "0.0.0.0", port=0, token=token))
@@ -144,10 +161,11 @@ class WorldSession:
     """The collsvc side of torch's default process group: its communicator and, on rank 0 of a
     store bootstrap, the embedded coordinator."""
 
-    def __init__(self, comm: Communicator, store: Any, server: Any) -> None:
+    def __init__(self, comm: Communicator, store: Any, server: Any, keys: str = _KEY) -> None:
         self.comm = comm
         self._store = store
         self._server = server
+        self._keys = keys  # the prefix of this bootstrap's keys in ``store``
 
     @classmethod
     def join(cls, store: Any, rank: int, size: int, timeout: float) -> WorldSession:
@@ -167,13 +185,14 @@ class WorldSession:
             return cls(comm, store, None)
         if os.environ.get("COLLSVC_COORDINATOR"):
             return cls(collsvc.init(world_size=size, rank=rank, timeout=timeout), store, None)
-        store.set(f"{_KEY}host/{rank}", socket.gethostname())
+        keys = _bootstrap_prefix()
+        store.set(f"{keys}host/{rank}", socket.gethostname())
         server = None
         if rank == 0:
-            info, server = _publish_coordinator(store, size)
-            store.set(f"{_KEY}coordinator", json.dumps(info))
+            info, server = _publish_coordinator(store, keys, size)
+            store.set(f"{keys}coordinator", json.dumps(info))
         else:
-            info = json.loads(store.get(f"{_KEY}coordinator"))
+            info = json.loads(store.get(f"{keys}coordinator"))
         try:
             comm = collsvc.init(
                 coordinator=info["address"],
@@ -187,7 +206,7 @@ class WorldSession:
             if server is not None:
                 server.stop()
             raise
-        return cls(comm, store, server)
+        return cls(comm, store, server, keys)
 
     def _healthy(self) -> bool:
         """Whether the job had no failure (after one, nobody needs the coordinator any longer)."""
@@ -205,10 +224,10 @@ class WorldSession:
         else:
             self.comm.close()
         try:
-            self._store.set(f"{_KEY}left/{self.comm.rank}", "1")
+            self._store.set(f"{self._keys}left/{self.comm.rank}", "1")
             if self._server is not None and self._healthy():
                 gone = self.comm.job.departed  # ranks that left need not confirm
-                others = [f"{_KEY}left/{r}" for r in range(1, self.comm.size) if r not in gone]
+                others = [f"{self._keys}left/{r}" for r in range(1, self.comm.size) if r not in gone]
                 self._store.wait(others, _LEAVE_WAIT)
         except Exception as exc:  # noqa: BLE001 - leaving is best effort; the others may be gone already
             log.info("collsvc.torch: not every rank confirmed leaving: %s", exc)
