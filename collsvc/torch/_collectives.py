@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from collsvc.errors import CollectiveMismatchError
 from collsvc.torch import _sparse
 from collsvc.torch._host_arrays import flat_host_arrays, host_array
 from collsvc.torch._issuing import SUM, Issuer
@@ -269,8 +270,7 @@ def all_to_all_single(
             return [call], [output], None
         return [call], [output], _copy_result(output)
     # Uneven splits: every rank pads its blocks to the largest block of any rank (agreed first).
-    local_max = torch.tensor([max(in_splits + out_splits)], dtype=torch.int64)
-    widest = int(comm.comm.all_reduce(local_max, ReduceOp.MAX)[0])
+    widest = _agreed_widest_block(comm, in_splits, out_splits)
     padded = input.new_zeros((size, widest * row))
     flat_in = _flat(input)
     offset = 0
@@ -290,6 +290,32 @@ def all_to_all_single(
             output.detach().copy_(joined.view(output.shape))
 
     return [call], [output], finish
+
+
+def _agreed_widest_block(comm: Issuer, in_splits: list[int], out_splits: list[int]) -> int:
+    """The largest block any rank sends, after every rank checked that what each rank sends each other
+    rank is what that rank expects (one small all_gather of every rank's split sizes).
+
+    Raises:
+        CollectiveMismatchError: some rank sends another more or fewer rows than it expects, on every
+            rank alike (so none goes on to the exchange); it names each such pair. Without this check
+            the receiver silently kept the first rows of a longer block, or padding of a shorter one.
+    """
+    size = comm.size
+    mine = torch.tensor(in_splits + out_splits, dtype=torch.int64)
+    every = comm.comm.all_gather(mine).view(size, 2, size).tolist()  # [rank][in|out][peer]
+    wrong = [
+        f"rank {i} sends {every[i][0][j]} rows to rank {j}, which expects {every[j][1][i]}"
+        for i in range(size)
+        for j in range(size)
+        if every[i][0][j] != every[j][1][i]
+    ]
+    if wrong:
+        details = {r: {"op": "all_to_all_single", "input_split_sizes": every[r][0], "output_split_sizes": every[r][1]}
+                   for r in range(size)}  # fmt: skip
+        shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+        raise CollectiveMismatchError(f"all_to_all_single: split sizes disagree across ranks: {shown}", details)
+    return int(max(max(row) for rank in every for row in rank))
 
 
 def all_to_all_list(comm: Issuer, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> Parts:

@@ -80,6 +80,35 @@ def test_mismatch_raises_on_every_rank() -> None:
         assert "SUM" in value["message"] and "MAX" in value["message"]
 
 
+def mismatched_all_to_all_splits(rank: int, n: int) -> dict[str, Any]:
+    """Uneven ``all_to_all_single`` where rank 2 expects 2 rows from rank 0, which sends it 1; then the
+    same call with agreeing splits."""
+    import torch
+    import torch.distributed as dist
+
+    from collsvc import CollectiveMismatchError
+
+    sends = [rank + 1] * n  # rank r sends r + 1 rows to every rank
+    expects = [peer + 1 for peer in range(n)]
+    wrong = [2, *expects[1:]] if rank == 2 else expects
+    caught = None
+    try:
+        dist.all_to_all_single(torch.zeros(sum(wrong)), torch.full((sum(sends),), float(rank)), wrong, sends)
+    except dist.DistBackendError as exc:
+        assert isinstance(exc, CollectiveMismatchError), repr(exc)
+        caught = str(exc)
+    out = torch.zeros(sum(expects))
+    dist.all_to_all_single(out, torch.full((sum(sends),), float(rank)), expects, sends)  # the group still works
+    return {"caught": caught, "after": out.tolist()}
+
+
+def test_all_to_all_with_disagreeing_split_sizes_raises_on_every_rank() -> None:
+    result = run_torch(mismatched_all_to_all_splits, 3, timeout=120)
+    for value in result.values:
+        assert value["caught"] is not None and "rank 0 sends 1 rows to rank 2, which expects 2" in value["caught"]
+        assert value["after"] == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+
+
 def misses_a_collective(rank: int, n: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
