@@ -198,8 +198,11 @@ def _copy_blocks(gathered: torch.Tensor, outputs: Sequence[torch.Tensor], block:
 def all_gather_list(comm: Issuer, outputs: list[torch.Tensor], input: torch.Tensor) -> Parts:  # noqa: A002
     if len(outputs) != comm.size:
         raise ValueError(f"all_gather: {len(outputs)} output tensors for a group of {comm.size}")
-    # Uneven outputs (torch allows them): every rank pads its block to the largest one.
-    block = max(o.numel() for o in outputs)
+    # Uneven outputs (torch allows them): every rank pads its block to the largest one, once every rank
+    # checked the sizes agree (a rank that sees even sizes calls all_gather at once: its peers' size
+    # check then meets a different call, and collsvc's own check raises CollectiveMismatchError).
+    sizes = [o.numel() for o in outputs]
+    block = sizes[0] if len(set(sizes)) == 1 else _agreed_gather_block(comm, input.numel(), sizes)
     source = _flat(input)
     if source.numel() < block:
         source = torch.cat([source, source.new_zeros(block - source.numel())])
@@ -292,6 +295,34 @@ def all_to_all_single(
     return [call], [output], finish
 
 
+def _raise_on_disagreement(op: str, wrong: list[str], details: dict[int, Any]) -> None:
+    """Raises the same :class:`CollectiveMismatchError` on every rank when ``wrong`` names disagreements
+    (every rank computed ``wrong`` from the same all-gathered sizes)."""
+    if wrong:
+        shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+        raise CollectiveMismatchError(f"{op}: sizes disagree across ranks: {shown}", details)
+
+
+def _agreed_gather_block(comm: Issuer, numel: int, sizes: list[int]) -> int:
+    """The largest block of an uneven list all_gather, after every rank checked that each rank's input
+    has the size every rank's output tensor for it has (one small all_gather of the sizes).
+
+    Raises:
+        CollectiveMismatchError: they differ, on every rank alike, naming each pair.
+    """
+    size = comm.size
+    every = comm.comm.all_gather(torch.tensor([numel, *sizes], dtype=torch.int64)).view(size, 1 + size).tolist()
+    wrong = [
+        f"rank {i} gives {every[i][0]} elements, rank {j} expects {every[j][1 + i]}"
+        for i in range(size)
+        for j in range(size)
+        if every[j][1 + i] != every[i][0]
+    ]
+    details = {r: {"op": "all_gather", "input_numel": every[r][0], "output_numels": every[r][1:]} for r in range(size)}
+    _raise_on_disagreement("all_gather", wrong, details)
+    return int(max(rank[0] for rank in every))
+
+
 def _agreed_widest_block(comm: Issuer, in_splits: list[int], out_splits: list[int]) -> int:
     """The largest block any rank sends, after every rank checked that what each rank sends each other
     rank is what that rank expects (one small all_gather of every rank's split sizes).
@@ -310,11 +341,9 @@ def _agreed_widest_block(comm: Issuer, in_splits: list[int], out_splits: list[in
         for j in range(size)
         if every[i][0][j] != every[j][1][i]
     ]
-    if wrong:
-        details = {r: {"op": "all_to_all_single", "input_split_sizes": every[r][0], "output_split_sizes": every[r][1]}
-                   for r in range(size)}  # fmt: skip
-        shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
-        raise CollectiveMismatchError(f"all_to_all_single: split sizes disagree across ranks: {shown}", details)
+    details = {r: {"op": "all_to_all_single", "input_split_sizes": every[r][0], "output_split_sizes": every[r][1]}
+               for r in range(size)}  # fmt: skip
+    _raise_on_disagreement("all_to_all_single", wrong, details)
     return int(max(max(row) for rank in every for row in rank))
 
 

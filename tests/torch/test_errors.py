@@ -80,33 +80,45 @@ def test_mismatch_raises_on_every_rank() -> None:
         assert "SUM" in value["message"] and "MAX" in value["message"]
 
 
-def mismatched_all_to_all_splits(rank: int, n: int) -> dict[str, Any]:
-    """Uneven ``all_to_all_single`` where rank 2 expects 2 rows from rank 0, which sends it 1; then the
-    same call with agreeing splits."""
+def mismatched_sizes(rank: int, n: int) -> dict[str, Any]:
+    """Uneven ``all_to_all_single`` where rank 2 expects 2 rows from rank 0, which sends it 1, and an
+    uneven list ``all_gather`` where rank 0 expects 3 elements from rank 1, which gives 2; then both
+    calls with agreeing sizes."""
     import torch
     import torch.distributed as dist
 
     from collsvc import CollectiveMismatchError
 
+    def caught(call: Any) -> str | None:
+        try:
+            call()
+        except dist.DistBackendError as exc:
+            assert isinstance(exc, CollectiveMismatchError), repr(exc)
+            return str(exc)
+        return None
+
     sends = [rank + 1] * n  # rank r sends r + 1 rows to every rank
     expects = [peer + 1 for peer in range(n)]
     wrong = [2, *expects[1:]] if rank == 2 else expects
-    caught = None
-    try:
-        dist.all_to_all_single(torch.zeros(sum(wrong)), torch.full((sum(sends),), float(rank)), wrong, sends)
-    except dist.DistBackendError as exc:
-        assert isinstance(exc, CollectiveMismatchError), repr(exc)
-        caught = str(exc)
+    mine = torch.full((sum(sends),), float(rank))
+    a2a = caught(lambda: dist.all_to_all_single(torch.zeros(sum(wrong)), mine, wrong, sends))
+    gives = torch.full((rank + 1,), float(rank))  # rank r gives r + 1 elements
+    believed = [1, 3, 3] if rank == 0 else [1, 2, 3]
+    gather = caught(lambda: dist.all_gather([torch.zeros(k) for k in believed], gives))
     out = torch.zeros(sum(expects))
-    dist.all_to_all_single(out, torch.full((sum(sends),), float(rank)), expects, sends)  # the group still works
-    return {"caught": caught, "after": out.tolist()}
+    dist.all_to_all_single(out, mine, expects, sends)  # the group still works
+    gathered = [torch.zeros(k) for k in expects]
+    dist.all_gather(gathered, gives)
+    return {"a2a": a2a, "gather": gather, "after": out.tolist(), "gathered": [t.tolist() for t in gathered]}
 
 
-def test_all_to_all_with_disagreeing_split_sizes_raises_on_every_rank() -> None:
-    result = run_torch(mismatched_all_to_all_splits, 3, timeout=120)
+def test_uneven_calls_with_disagreeing_sizes_raise_on_every_rank() -> None:
+    result = run_torch(mismatched_sizes, 3, timeout=120)
     for value in result.values:
-        assert value["caught"] is not None and "rank 0 sends 1 rows to rank 2, which expects 2" in value["caught"]
+        assert value["a2a"] is not None and "rank 0 sends 1 rows to rank 2, which expects 2" in value["a2a"]
+        assert value["gather"] is not None and "rank 1 gives 2 elements, rank 0 expects 3" in value["gather"]
         assert value["after"] == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+        assert value["gathered"] == [[0.0], [1.0, 1.0], [2.0, 2.0, 2.0]]
 
 
 def misses_a_collective(rank: int, n: int) -> dict[str, Any]:
