@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from collsvc.client.backends.base import Call
 from collsvc.client.rendezvous import CoordinatorClient
@@ -26,13 +27,17 @@ def who_is_missing(
     """``error`` (rank ``rank``'s timeout in ``call``) retold with the ranks the coordinator says never
     started the call (as of now: it asks those that look late first), each with its host and last
     completed collective; the data plane's own list of late ranks where the coordinator cannot be asked
-    or names none. Never raises."""
+    or names none, and for point-to-point messages: the coordinator counts a group's collectives, not
+    the messages of one pair and tag (asked about the group's call of that number, it named the
+    receiver itself when the sender had sent with another tag and gone on). Never raises."""
     waiting = error.waiting_on
-    try:
-        not_started = client.progress(call.group.name, call.seq, FRESH_PROGRESS_WAIT_S)
-    except (CollsvcError, ValueError) as exc:
-        log.warning("rank %d: could not ask who is missing: %s", rank, exc)
-        not_started = []
+    not_started: list[dict[str, Any]] = []
+    point_to_point = call.progress_stream != call.group.name  # a message of a pair, not a collective
+    if not point_to_point:
+        try:
+            not_started = client.progress(call.group.name, call.seq, FRESH_PROGRESS_WAIT_S)
+        except (CollsvcError, ValueError) as exc:
+            log.warning("rank %d: could not ask who is missing: %s", rank, exc)
     if not_started:
         waiting = not_started
     for entry in waiting:
@@ -41,9 +46,18 @@ def who_is_missing(
         f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})" for w in waiting
     )
     limit = job_timeout if call.timeout is None else call.timeout  # barrier(timeout=...)
+    what = _message(call) if point_to_point else f"{call.signature.op} #{call.seq}"
     return CollectiveTimeoutError(
-        f"{call.signature.op} #{call.seq} in group '{call.group.name}' timed out after "
+        f"{what} in group '{call.group.name}' timed out after "
         f"{limit:g}s on rank {rank} (the timeout of this call); "
         f"waiting on rank{'s' if len(waiting) > 1 else ''} {named}",
         waiting,
     )
+
+
+def _message(call: Call) -> str:
+    """A point-to-point call told as the message it moves: "message #3 from rank 0 to rank 1 with tag
+    2" (a p2p stream is named ``<group>/p2p/<src>-<dst>/<tag>`` in global ranks: ``ops.p2p_stream``)."""
+    pair, _, tag = call.progress_stream.rpartition("/")
+    source, _, destination = pair.rpartition("/")[2].partition("-")
+    return f"message #{call.seq} from rank {source} to rank {destination} with tag {tag}"

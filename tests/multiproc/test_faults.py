@@ -251,6 +251,32 @@ def test_stuck_collective_names_who_is_missing(kind: str, timeout: float, heartb
         )
 
 
+def receives_with_another_tag(rank: int) -> dict[str, Any]:
+    """Rank 0 sends with tag 1, then enters the group's first all_reduce; rank 1 waits for a message with
+    tag 2 (the group's first collective, the one the coordinator was asked about, never started there)."""
+    comm = collsvc.init(timeout=2.0)
+    try:
+        if rank == 0:
+            comm.send(np.ones(3), dst=1, tag=1)
+            return attempt(comm.all_reduce, np.ones(4))
+        return attempt(comm.recv, 0, tag=2, shape=3, dtype="float64")
+    finally:
+        collsvc.destroy()
+
+
+def test_a_receive_that_times_out_names_its_sender() -> None:
+    """The coordinator counts a group's collectives, not the messages of one pair and tag: asked about
+    the group's call with the message's number, it named the receiver itself (rank 0 had gone on to
+    that call). A timed-out receive names the sender, and says which message it waited for."""
+    with coordinator() as (_, address):
+        result = run_ranks(receives_with_another_tag, 2, address=address, env=FAST_HEARTBEAT, use_init=False)
+    sender, receiver = result.values
+    assert receiver["type"] == "CollectiveTimeoutError", receiver
+    assert [w["rank"] for w in receiver["waiting_on"]] == [0], receiver
+    assert receiver["message"].startswith("message #1 from rank 0 to rank 1 with tag 2 in group 'world'"), receiver
+    assert sender["type"] == "CollectiveTimeoutError" and [w["rank"] for w in sender["waiting_on"]] == [1], sender
+
+
 # --------------------------------------------------------------------------------------------------
 # Promise 3: mismatched calls raise CollectiveMismatchError on every rank, with per-rank details.
 
