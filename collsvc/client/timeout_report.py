@@ -32,8 +32,7 @@ def who_is_missing(
     receiver itself when the sender had sent with another tag and gone on). Never raises."""
     waiting = error.waiting_on
     not_started: list[dict[str, Any]] = []
-    point_to_point = call.progress_stream != call.group.name  # a message of a pair, not a collective
-    if not point_to_point:
+    if not call.point_to_point:
         try:
             not_started = client.progress(call.group.name, call.seq, FRESH_PROGRESS_WAIT_S)
         except (CollsvcError, ValueError) as exc:
@@ -46,18 +45,9 @@ def who_is_missing(
         f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})" for w in waiting
     )
     limit = job_timeout if call.timeout is None else call.timeout  # barrier(timeout=...)
-    what = _message(call) if point_to_point else f"{call.signature.op} #{call.seq}"
     return CollectiveTimeoutError(
-        f"{what} in group '{call.group.name}' timed out after "
+        f"{call.title()} in group '{call.group.name}' timed out after "
         f"{limit:g}s on rank {rank} (the timeout of this call); "
         f"waiting on rank{'s' if len(waiting) > 1 else ''} {named}",
         waiting,
     )
-
-
-def _message(call: Call) -> str:
-    """A point-to-point call told as the message it moves: "message #3 from rank 0 to rank 1 with tag
-    2" (a p2p stream is named ``<group>/p2p/<src>-<dst>/<tag>`` in global ranks: ``ops.p2p_stream``)."""
-    pair, _, tag = call.progress_stream.rpartition("/")
-    source, _, destination = pair.rpartition("/")[2].partition("-")
-    return f"message #{call.seq} from rank {source} to rank {destination} with tag {tag}"

@@ -274,7 +274,13 @@ def test_a_receive_that_times_out_names_its_sender() -> None:
     assert receiver["type"] == "CollectiveTimeoutError", receiver
     assert [w["rank"] for w in receiver["waiting_on"]] == [0], receiver
     assert receiver["message"].startswith("message #1 from rank 0 to rank 1 with tag 2 in group 'world'"), receiver
-    assert sender["type"] == "CollectiveTimeoutError" and [w["rank"] for w in sender["waiting_on"]] == [1], sender
+    # Rank 0's all_reduce times out waiting on rank 1, unless rank 1's leaving (after its own timeout, a
+    # few milliseconds sooner) reaches it first: then it is told why rank 1 left.
+    if sender["type"] == "RankFailedError":
+        assert sender["message"].startswith("rank 1 (faults-host) left the job after its collective failed"), sender
+    else:
+        assert sender["type"] == "CollectiveTimeoutError", sender
+        assert [w["rank"] for w in sender["waiting_on"]] == [1], sender
 
 
 # --------------------------------------------------------------------------------------------------
@@ -367,6 +373,42 @@ def test_mismatch_is_always_an_error(world_size: int, transport: str) -> None:
             + ", ".join(f"{k} {outcome.value[k]['elapsed']:.3f}s" for k in MISMATCHES)
         )
         print("  e.g.", outcome.value["dtype"].get("message"))
+
+
+def receives_a_smaller_message(rank: int) -> dict[str, Any]:
+    """Rank 0 sends float32[4]; rank 1 receives into float32[3]; then both call all_reduce."""
+    comm = collsvc.init(timeout=10.0)
+    try:
+        if rank == 0:
+            first = attempt(comm.send, np.ones(4, dtype=np.float32), dst=1)
+        else:
+            first = attempt(comm.recv, 0, out=np.zeros(3, dtype=np.float32))
+        return {"first": first, "later": attempt(comm.all_reduce, np.ones(2))}
+    finally:
+        collsvc.destroy()
+
+
+@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def test_a_message_of_another_size_is_a_mismatch_naming_sender_and_receiver(transport: str) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(
+            receives_a_smaller_message,
+            2,
+            address=address,
+            env=FAST_HEARTBEAT,
+            rank_env=host_env(transport),
+            use_init=False,
+            timeout=40,
+        )
+    sender, receiver = result.values
+    expected = (
+        "size or dtype mismatch at message #1 from rank 0 to rank 1 with tag 0 in group 'world': "
+        "rank 0 sends float32[4]; rank 1 receives into float32[3]"
+    )
+    assert receiver["first"]["type"] == "CollectiveMismatchError", receiver
+    assert receiver["first"]["message"] == expected, receiver
+    for seen in (sender["later"], receiver["later"]):  # the sender learns it at its next call
+        assert seen["type"] == "CollectiveMismatchError" and seen["elapsed"] < DETECT_BOUND, seen
 
 
 def barrier_against_all_reduce(rank: int) -> dict[str, Any]:

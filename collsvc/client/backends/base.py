@@ -132,6 +132,20 @@ class Call:
     def all_members(self) -> tuple[int, ...]:
         return self.members or self.group.ranks
 
+    @property
+    def point_to_point(self) -> bool:
+        """A message between two ranks (its stream is not the group's own)."""
+        return self.progress_stream != self.group.name
+
+    def title(self) -> str:
+        """The call as errors name it: ``all_reduce #3``, or for a message ``message #3 from rank 0 to
+        rank 1 with tag 2`` (a p2p stream is named ``<group>/p2p/<src>-<dst>/<tag>`` in global ranks)."""
+        if not self.point_to_point:
+            return f"{self.signature.op} #{self.seq}"
+        pair, _, tag = self.progress_stream.rpartition("/")
+        source, _, destination = pair.rpartition("/")[2].partition("-")
+        return f"message #{self.seq} from rank {source} to rank {destination} with tag {tag}"
+
 
 class Channel(Protocol):
     """Frames among the members of one group for one call.
@@ -250,11 +264,17 @@ def mismatch_error(call: Call, calls: Mapping[int, Any]) -> CollectiveMismatchEr
         call: this rank's call.
         calls: global rank -> what it called (a :meth:`Signature.describe` dict where known).
     """
-    described = "; ".join(f"rank {rank} called {describe_call(value)}" for rank, value in sorted(calls.items()))
-    return CollectiveMismatchError(
-        f"collective mismatch at {call.signature.op} #{call.seq} in group '{call.group.name}': {described}",
-        dict(calls),
-    )
+    if call.point_to_point:  # group.ranks of a message: (sender, receiver)
+        verbs = {call.group.ranks[0]: "sends", call.group.ranks[-1]: "receives into"}
+        described = "; ".join(
+            f"rank {rank} {verbs.get(rank, 'called')} {describe_call(value).removeprefix('p2p(').removesuffix(')')}"
+            for rank, value in sorted(calls.items())
+        )
+        kind = "size or dtype mismatch"
+    else:
+        described = "; ".join(f"rank {rank} called {describe_call(value)}" for rank, value in sorted(calls.items()))
+        kind = "collective mismatch"
+    return CollectiveMismatchError(f"{kind} at {call.title()} in group '{call.group.name}': {described}", dict(calls))
 
 
 def last_finished(progress: Mapping[str, int], stream: str) -> int:
