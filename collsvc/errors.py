@@ -82,6 +82,14 @@ class CollectiveTimeoutError(CollsvcError):
         return [int(w["rank"]) for w in self.waiting_on]
 
 
+def describe_waiting(waiting: Sequence[Mapping[str, Any]]) -> str:
+    """``waiting_on`` as timeout messages name it: "rank 2 (node-c; last completed: all_reduce(...))"."""
+    named = ", ".join(
+        f"{w['rank']} ({w.get('host', '')}; last completed: {w.get('last_op') or 'none'})" for w in waiting
+    )
+    return f"rank{'s' if len(waiting) > 1 else ''} {named}"
+
+
 class CollectiveMismatchError(JobBrokenError):
     """Ranks called different collectives, ops, dtypes, shapes or roots at the same step.
 

@@ -118,7 +118,8 @@ class Communicator:
             return job.execute(group, stream, seq, signature, timeout, body, backend, gpu_context)
 
         if async_op:
-            return Work(self._job.executor.submit(execute), f"{description} #{seq} in group '{self.name}'")
+            late = functools.partial(job.late_for, group, stream, seq, signature)
+            return Work(self._job.executor.submit(execute), f"{description} #{seq} in group '{self.name}'", late)
         return self._job.executor.run(execute)
 
     def _learned(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, planned: ops.Planned) -> Any:

@@ -30,7 +30,7 @@ from collsvc.client.heartbeat import Watcher
 from collsvc.client.peer_address import peer_binding
 from collsvc.client.progress import OpRecord, ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
-from collsvc.client.timeout_report import who_is_missing
+from collsvc.client.timeout_report import late_members, who_is_missing
 from collsvc.client.work import OrderedExecutor
 from collsvc.config import coordinator_ready_fd, timeline_target
 from collsvc.errors import (
@@ -212,6 +212,12 @@ class Job:
         self.failure.set(error)  # the first failure also writes the flight recorder (_write_flight_recorder)
         recorded = self.failure.error()
         return recorded if isinstance(recorded, CollsvcError) else error
+
+    def late_for(self, group: GroupSpec, stream: str, seq: int, signature: Signature) -> list[dict[str, Any]]:
+        """The ranks call ``seq`` of ``stream`` still waits for, as a timed-out call names them (for a
+        message: its peer). Never raises."""
+        peer = [{"rank": r} for r in group.ranks if r != self.rank] if stream != group.name else []
+        return late_members(self.client, self.hosts, self.rank, Call(group, stream, seq, signature, 0.0), peer)
 
     def _write_flight_recorder(self, error: BaseException) -> None:
         """Dumps the flight recorder on this rank's first failure, whether its own call or a job event

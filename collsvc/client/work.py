@@ -7,31 +7,57 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from collsvc.errors import CollectiveTimeoutError
+from collsvc.errors import CollectiveTimeoutError, describe_waiting
 
 T = TypeVar("T")
 
 
 class Work(Generic[T]):
-    """The handle ``async_op=True`` returns."""
+    """The handle ``async_op=True`` returns.
 
-    def __init__(self, future: concurrent.futures.Future[T], description: str) -> None:
+    Args:
+        future: the operation's result.
+        description: the operation as errors name it.
+        late: the ranks the operation still waits for (``CollectiveTimeoutError.waiting_on`` entries),
+            asked when a wait gives up; None: not known.
+    """
+
+    def __init__(
+        self,
+        future: concurrent.futures.Future[T],
+        description: str,
+        late: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self._future = future
         self._description = description
+        self._late = late
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the operation finished; returns True.
 
         Raises:
             CollectiveTimeoutError: ``timeout`` seconds passed first (the operation keeps running and
-                is still bounded by the communicator's own timeout).
+                is still bounded by the communicator's own timeout); ``waiting_on`` names the ranks it
+                still waits for, where they are known.
             CollsvcError: the operation failed (the same error every rank sees).
         """
         try:
             self._future.result(timeout)
         except concurrent.futures.TimeoutError:
-            raise CollectiveTimeoutError(f"{self._description} did not complete within {timeout:g}s") from None
+            raise self.gave_up(self._description, timeout or 0.0) from None
         return True
+
+    def waiting_on(self) -> list[dict[str, Any]]:
+        """The ranks the operation still waits for, as a timed-out collective names them; [] when it
+        finished or they are not known. Never raises."""
+        return [] if self._late is None or self._future.done() else self._late()
+
+    def gave_up(self, description: str, seconds: float) -> CollectiveTimeoutError:
+        """The error for a wait on this operation that gave up after ``seconds`` (``description``: how
+        the waiter names it), naming the ranks it still waits for where they are known."""
+        waiting = self.waiting_on()
+        told = f"; waiting on {describe_waiting(waiting)}" if waiting else ""
+        return CollectiveTimeoutError(f"{description} did not complete within {seconds:g}s{told}", waiting)
 
     def is_completed(self) -> bool:
         """Whether the operation finished (successfully or not)."""

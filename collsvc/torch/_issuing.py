@@ -4,7 +4,6 @@ goes straight to it with no collective function in between (:func:`waited_sum_vi
 
 from __future__ import annotations
 
-import concurrent.futures
 import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -14,10 +13,11 @@ import torch
 import torch.distributed as dist
 
 from collsvc.torch._host_arrays import host_array
-from collsvc.torch._work import Finished, future_of
+from collsvc.torch._work import Finished
 
 if TYPE_CHECKING:  # imported by collsvc itself at run time, in its own order
     from collsvc.client.communicator import Communicator
+    from collsvc.client.work import Work as CollsvcCall
 
 SUM: Any = dist.ReduceOp.SUM
 
@@ -25,7 +25,7 @@ SUM: Any = dist.ReduceOp.SUM
 class Issuer:
     """The Communicator as the collectives of ``_collectives.py`` call it.
 
-    Each call returns a concurrent future of its result: issued with ``async_op=True`` (the caller's
+    Each call returns the collsvc ``Work`` of its result: issued with ``async_op=True`` (the caller's
     thread goes on at once), or, for a caller known to wait at once, run inline on the caller's
     thread (no hand-off to the Communicator's worker thread) and returned done.
 
@@ -40,34 +40,35 @@ class Issuer:
         self.size = comm.size
         self.inline = inline
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         fn = getattr(self.comm, method)
         if not self.inline:
-            return future_of(fn(*args, async_op=True, **kwargs))
+            work: CollsvcCall[Any] = fn(*args, async_op=True, **kwargs)  # names who is late if a wait gives up
+            return work
         return Finished(fn(*args, **kwargs))
 
-    def all_reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def all_reduce(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("all_reduce", *args, **kwargs)
 
-    def reduce(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def reduce(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("reduce", *args, **kwargs)
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def broadcast(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("broadcast", *args, **kwargs)
 
-    def all_gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def all_gather(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("all_gather", *args, **kwargs)
 
-    def reduce_scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def reduce_scatter(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("reduce_scatter", *args, **kwargs)
 
-    def gather(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def gather(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("gather", *args, **kwargs)
 
-    def scatter(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def scatter(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("scatter", *args, **kwargs)
 
-    def all_to_all(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any] | Finished:
+    def all_to_all(self, *args: Any, **kwargs: Any) -> CollsvcCall[Any] | Finished:
         return self._call("all_to_all", *args, **kwargs)
 
 

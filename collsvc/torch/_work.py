@@ -112,6 +112,7 @@ class CollsvcWork(_Work):  # type: ignore[misc]
             self._done = _ALREADY_DONE
             return
         self._calls = [_done_future(call.value) if isinstance(call, Finished) else future_of(call) for call in calls]
+        self._collsvc_calls = [call for call in calls if isinstance(call, CollsvcCall)]  # they know who is late
         self._done = threading.Event()
         self._pending = len(self._calls)
         for call in self._calls:
@@ -184,7 +185,10 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         limits = [t for t in (_seconds(timeout), self._timeout) if t is not None]
         limit = min(limits) if limits else None
         if not self._done.wait(limit):
-            raise to_torch_error(CollectiveTimeoutError(f"{self._description} did not complete within {limit:g}s"))
+            late = next((call for call in self._collsvc_calls if not call.is_completed()), None)
+            if late is None:
+                raise to_torch_error(CollectiveTimeoutError(f"{self._description} did not complete within {limit:g}s"))
+            raise to_torch_error(late.gave_up(self._description, limit or 0.0))
         if self._error is not None:
             raise self._error
         return True

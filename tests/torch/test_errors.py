@@ -121,6 +121,39 @@ def test_uneven_calls_with_disagreeing_sizes_raise_on_every_rank() -> None:
         assert value["gathered"] == [[0.0], [1.0, 1.0], [2.0, 2.0, 2.0]]
 
 
+def gives_up_waiting(rank: int, n: int) -> dict[str, Any] | None:
+    """Rank 2 stays away; the others wait on an async all_reduce with a 1 s timeout."""
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 2:
+        store.wait(["gave-up/0", "gave-up/1"], datetime.timedelta(seconds=60))
+        return None
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    started = time.monotonic()
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=1))
+        seen: dict[str, Any] = {"type": None}
+    except dist.DistBackendError as exc:
+        seen = {"type": type(exc).__name__, "message": str(exc), "ranks": getattr(exc, "ranks", None)}
+    seen["elapsed"] = time.monotonic() - started
+    store.set(f"gave-up/{rank}", "1")
+    store.wait(["gave-up/0", "gave-up/1"], datetime.timedelta(seconds=60))  # none leaves before both gave up
+    return seen
+
+
+def test_a_wait_that_gives_up_names_the_ranks_the_call_waits_for() -> None:
+    result = run_torch(gives_up_waiting, 3, timeout=120)
+    for seen in result.values[:2]:
+        assert seen["type"] == "CollectiveTimeoutError" and seen["ranks"] == [2], seen
+        assert "did not complete within 1s; waiting on rank 2 (" in seen["message"], seen
+        assert 1.0 <= seen["elapsed"] < 5.0, seen
+
+
 def misses_a_collective(rank: int, n: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
