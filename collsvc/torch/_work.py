@@ -28,7 +28,11 @@ Finisher = Callable[[list[Any]], None]
 
 _Work: Any = dist.Work  # subclassed through Any: torch's stubs type its methods for C++ callers only
 
-_completions = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="collsvc-torch-futures")
+# Futures are completed here, and their ``then`` callbacks run here. A callback may start another
+# collective and wait for its future (PowerSGD's hook does): with one thread that wait blocked the very
+# thread that was to complete it, and training hung. A pool starts another thread only when every one
+# it has is busy, so normally one runs, and a blocked callback never holds the others back.
+_completions = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="collsvc-torch-futures")
 
 
 class Finished:

@@ -141,6 +141,37 @@ def test_ddp_and_hsdp_on_a_2d_mesh_four_ranks() -> None:
     _assert_same(result.values)
 
 
+def ddp_with_torchs_comm_hooks(rank: int, n: int) -> dict[str, tuple[list[float], list[float]]]:
+    """DDP with torch's own comm hooks, on collsvc and on gloo. PowerSGD's hook waits, inside a future's
+    callback, for the future of another all_reduce (on a single completion thread that hung)."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as power_sgd
+
+    gloo = dist.new_group(backend="gloo")
+    world = dist.distributed_c10d._get_default_group()
+    batches = _batches(rank)[:30]
+
+    def train(group: Any, hook: str) -> list[float]:
+        model = _ddp(group, {}, hook=False)
+        if hook == "powersgd":
+            state = power_sgd.PowerSGDState(process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=2)
+            model.register_comm_hook(state, power_sgd.powerSGD_hook)
+        else:
+            model.register_comm_hook(group, default_hooks.fp16_compress_hook)
+        return _train(model, batches)
+
+    return {hook: (train(world, hook), train(gloo, hook)) for hook in ("powersgd", "fp16_compress")}
+
+
+def test_ddp_with_torchs_comm_hooks_matches_gloo() -> None:
+    result = run_torch(ddp_with_torchs_comm_hooks, 2, timeout=120)
+    for losses in result.values:
+        for name, (ours, theirs) in losses.items():
+            assert len(ours) == 30, name
+            assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-6), name
+
+
 def sparse_embedding_ddp(rank: int, n: int) -> tuple[list[float], list[float]]:
     """DDP of a model with sparse gradients (nn.Embedding(sparse=True)), on collsvc and on gloo."""
     import torch
