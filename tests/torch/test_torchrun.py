@@ -59,7 +59,8 @@ def test_torchrun_restarts_the_job_after_a_rank_dies(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("attempt"))
     assert lines == ["attempt 1 rank 0 total [4.0, 4.0]", "attempt 1 rank 1 total [4.0, 4.0]"], done.stdout
-    assert "RankFailedError" in done.stderr  # attempt 0's survivor named the dead rank
+    # (Whether attempt 0's survivor raised RankFailedError first, or torchrun stopped it on seeing rank 1
+    # exit, is a race between two correct outcomes; the test does not depend on it.)
 
 
 def test_a_world_group_created_three_times_under_torchrun(tmp_path: Path) -> None:
