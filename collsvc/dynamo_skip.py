@@ -58,6 +58,8 @@ class _LoadThenSkip:
         _skip_collsvc(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... of the real loader
+        if name == "_loader":  # not set yet (a copy made without __init__): no endless recursion
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
 
