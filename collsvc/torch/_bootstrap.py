@@ -140,13 +140,37 @@ def _bootstrap_prefix() -> str:
     return f"{_KEY}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.{_bootstraps}/"
 
 
+def _get(store: Any, key: str, keys: str, size: int) -> bytes:
+    """``store.get(key)``; when it times out, a :class:`RendezvousError` naming the ranks that never
+    reached the bootstrap (their host key is missing; rank 0 waits for all of them before it publishes
+    the coordinator), rather than torch's "Timeout waiting for key: default_pg/0//cpu//...".
+
+    Raises:
+        RendezvousError: the wait timed out.
+    """
+    try:
+        return bytes(store.get(key))
+    except Exception as exc:  # noqa: BLE001 - torch's store raises plain errors (DistStoreError, RuntimeError)
+        if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+            raise
+        try:
+            missing = [r for r in range(size) if not store.check([f"{keys}host/{r}"])]
+        except Exception:  # noqa: BLE001 - the store itself may be gone; say what is known
+            missing = []
+        who = f"ranks {missing} of {size} never reached it" if missing else f"rank 0 never published {key!r}"
+        raise RendezvousError(
+            f"init_process_group: timed out waiting in torch's store for the collsvc bootstrap: {who} "
+            f"(store error: {exc})"
+        ) from exc
+
+
 def _publish_coordinator(store: Any, keys: str, size: int) -> tuple[dict[str, str], Any]:
     """Rank 0: starts the embedded coordinator and returns what the others need to join it."""
     from collsvc.options import CoordinatorOptions
     from collsvc.server.app import CoordinatorThread
 
     me = socket.gethostname()
-    hosts = {store.get(f"{keys}host/{r}").decode() for r in range(size)}
+    hosts = {_get(store, f"{keys}host/{r}", keys, size).decode() for r in range(size)}
     one_host = hosts == {me}
     token = secrets.token_urlsafe(32)
     server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1" if one_host else "0.0.0.0", port=0, token=token))
@@ -192,7 +216,7 @@ class WorldSession:
             info, server = _publish_coordinator(store, keys, size)
             store.set(f"{keys}coordinator", json.dumps(info))
         else:
-            info = json.loads(store.get(f"{keys}coordinator"))
+            info = json.loads(_get(store, f"{keys}coordinator", keys, size))
         try:
             comm = collsvc.init(
                 coordinator=info["address"],

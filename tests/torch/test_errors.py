@@ -6,11 +6,13 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.torch._util import run_torch
+from tests.harness import run_ranks
+from tests.torch._util import NO_COORDINATOR, run_torch
 
 torch = pytest.importorskip("torch")
 
@@ -152,6 +154,42 @@ def test_a_wait_that_gives_up_names_the_ranks_the_call_waits_for() -> None:
         assert seen["type"] == "CollectiveTimeoutError" and seen["ranks"] == [2], seen
         assert "did not complete within 1s; waiting on rank 2 (" in seen["message"], seen
         assert 1.0 <= seen["elapsed"] < 5.0, seen
+
+
+def joins_a_world_of_three(rank: int, store_path: str) -> dict[str, Any]:
+    """Ranks 0 and 1 of a world of 3 call init_process_group; rank 2 never starts."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    import collsvc.torch  # noqa: F401 - registers the backend
+
+    started = time.monotonic()
+    try:
+        limit = datetime.timedelta(seconds=3)
+        dist.init_process_group("collsvc", init_method=f"file://{store_path}", rank=rank, world_size=3, timeout=limit)
+    except dist.DistBackendError as exc:
+        return {"type": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - started}
+    dist.destroy_process_group()
+    return {"type": None}
+
+
+def test_init_names_the_rank_that_never_arrived(tmp_path: Path) -> None:
+    """torch's own message was "Timeout waiting for key: default_pg/0//cpu//.../host/2" on rank 0 and
+    ".../coordinator" on rank 1; both now name rank 2."""
+    result = run_ranks(
+        joins_a_world_of_three,
+        2,
+        address=NO_COORDINATOR,  # the ranks bootstrap through torch's file store
+        args=(str(tmp_path / "store"),),
+        env={"COLLSVC_COORDINATOR": "", "MASTER_ADDR": ""},
+        use_init=False,
+    )
+    for seen in result.values:
+        assert seen["type"] == "RendezvousError", seen
+        assert "ranks [2] of 3 never reached it" in seen["message"], seen
+        assert seen["elapsed"] < 30, seen
 
 
 def misses_a_collective(rank: int, n: int) -> dict[str, Any]:
