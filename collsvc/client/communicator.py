@@ -1,7 +1,7 @@
 """The Communicator: the public collective API over one group of a job.
 
 Arguments are validated here once, before anything is sent; each call gets the next sequence number
-of its group and runs on the job's ordered executor. The array plumbing of each collective lives in
+of its group and runs on its group's ordered executor. The array plumbing of each collective lives in
 ``ops.py``; object collectives in ``objects.py``; gradient bucketing in ``bucketing.py``.
 """
 
@@ -64,6 +64,7 @@ class Communicator:
         self._groups = 0
         self._closed = False
         self._intra: Communicator | None = None
+        self._executor = job.executors.of(name)  # calls of this group run in issue order there
         self._repeated = RepeatedCalls(job, self._spec, name, self._check_usable, self._numbers.of(name))
         self._inter: Communicator | None = None
 
@@ -119,8 +120,8 @@ class Communicator:
 
         if async_op:
             late = functools.partial(job.late_for, group, stream, seq, signature)
-            return Work(self._job.executor.submit(execute), f"{description} #{seq} in group '{self.name}'", late)
-        return self._job.executor.run(execute)
+            return Work(self._executor.submit(execute), f"{description} #{seq} in group '{self.name}'", late)
+        return self._executor.run(execute)
 
     def _learned(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, planned: ops.Planned) -> Any:
         """Issues ``planned``, a call the fast path for repeated calls (``client/fast_path.py``) did not

@@ -153,7 +153,7 @@ class RepeatedCalls:
     ) -> None:
         self._job, self._spec, self._stream = job, spec, stream
         self._check_usable, self._number = check_usable, number
-        self._failure, self._departures, self._executor = job.failure, job.departed, job.executor
+        self._failure, self._departures, self._executor = job.failure, job.departed, job.executors.of(spec.name)
         self._known: dict[_Key, RepeatedCall | None] = {}
         self._enabled = fast_path_enabled()
 

@@ -31,7 +31,7 @@ from collsvc.client.peer_address import peer_binding
 from collsvc.client.progress import OpRecord, ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.client.timeout_report import late_members, who_is_missing
-from collsvc.client.work import OrderedExecutor
+from collsvc.client.work import GroupExecutors
 from collsvc.config import coordinator_ready_fd, timeline_target
 from collsvc.errors import (
     CollectiveMismatchError,
@@ -84,7 +84,7 @@ class Job:
         self.progress = progress
         self.recorder = recorder
         self.watcher = watcher
-        self.executor = OrderedExecutor(f"collsvc-r{join.rank}")
+        self.executors = GroupExecutors(f"collsvc-r{join.rank}")  # one per group: see GroupExecutors
         self.closed = False
 
     @functools.cached_property
@@ -243,7 +243,7 @@ class Job:
         self.client.leave(self.progress.snapshot(), cause, str(failure) if cause else "")
         self.watcher.stop()
         self.recorder.close()
-        self.executor.shutdown()
+        self.executors.shutdown()
         if self.nccl is not None:
             self.nccl.close()
         self.ring.close()

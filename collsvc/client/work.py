@@ -127,6 +127,36 @@ class OrderedExecutor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+class GroupExecutors:
+    """One :class:`OrderedExecutor` per group (communicator name) of a job, made on first use.
+
+    Calls on one group run in the order they were issued, as every rank must run them; calls on
+    different groups do not wait for each other, as on torch's own backends (each process group has
+    its own threads or streams). With one executor for the whole job, two threads issuing asynchronous
+    calls on two groups, interleaved differently on different ranks, each ran the other group's call
+    first and waited for each other until the timeout.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self._by_group: dict[str, OrderedExecutor] = {}
+
+    def of(self, group: str) -> OrderedExecutor:
+        """The executor of ``group`` (the same one for every Communicator of that name)."""
+        with self._lock:
+            executor = self._by_group.get(group)
+            if executor is None:
+                executor = self._by_group[group] = OrderedExecutor(f"{self._prefix}-{group}")
+            return executor
+
+    def shutdown(self) -> None:
+        with self._lock:
+            executors = list(self._by_group.values())
+        for executor in executors:
+            executor.shutdown()
+
+
 def done_work(value: Any, description: str) -> Work[Any]:
     """A completed Work (for async calls that had nothing to do)."""
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()

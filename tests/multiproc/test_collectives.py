@@ -178,3 +178,39 @@ def test_every_collective_matches_numpy(world_size: int) -> None:
         result = run_ranks(everything, world_size, address=address, timeout=240)
     assert [v["rank"] for v in result.values] == list(range(world_size))
     assert all(v["reductions"] > 50 for v in result.values)
+
+
+def two_threads_on_two_groups(comm: collsvc.Communicator) -> list[float]:
+    """Two threads each issue 100 async all_reduces on a group of their own (both groups hold every
+    rank) and wait for each; the ranks' threads interleave differently. With one executor for the
+    job, each rank ran the other group's call first and both waited until the timeout."""
+    import threading
+
+    groups = [comm.new_group(list(range(comm.size)), name=f"thread-{i}") for i in range(2)]
+    results = [0.0, 0.0]
+
+    def issue(index: int) -> None:
+        x = np.ones(256)
+        for _ in range(100):
+            x = groups[index].all_reduce(x, async_op=True).result() / comm.size
+        results[index] = float(x[0])
+
+    threads = [threading.Thread(target=issue, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def test_threads_issuing_async_calls_on_different_groups_do_not_wait_for_each_other(transport: str) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(
+            two_threads_on_two_groups,
+            3,
+            address=address,
+            rank_env=lambda r: {"COLLSVC_HOST": "one-host" if transport == "shm" else f"host{r}"},
+            timeout=60,  # before: every rank waited out the job's timeout (300 s)
+        )
+    assert result.values == [[1.0, 1.0]] * 3
