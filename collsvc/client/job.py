@@ -216,8 +216,9 @@ class Job:
     def late_for(self, group: GroupSpec, stream: str, seq: int, signature: Signature) -> list[dict[str, Any]]:
         """The ranks call ``seq`` of ``stream`` still waits for, as a timed-out call names them (for a
         message: its peer). Never raises."""
-        peer = [{"rank": r} for r in group.ranks if r != self.rank] if stream != group.name else []
-        return late_members(self.client, self.hosts, self.rank, Call(group, stream, seq, signature, 0.0), peer)
+        call = Call(group, stream, seq, signature, 0.0)
+        peer = [{"rank": r} for r in group.ranks if r != self.rank] if call.point_to_point else []
+        return late_members(self.client, self.hosts, self.rank, call, peer)
 
     def _write_flight_recorder(self, error: BaseException) -> None:
         """Dumps the flight recorder on this rank's first failure, whether its own call or a job event

@@ -12,6 +12,12 @@ from collsvc.errors import CollectiveTimeoutError, describe_waiting
 T = TypeVar("T")
 
 
+def wait_gave_up(description: str, seconds: float, waiting: list[dict[str, Any]]) -> CollectiveTimeoutError:
+    """The error for a wait that gave up after ``seconds``, naming the ranks in ``waiting`` if any."""
+    told = f"; waiting on {describe_waiting(waiting)}" if waiting else ""
+    return CollectiveTimeoutError(f"{description} did not complete within {seconds:g}s{told}", waiting)
+
+
 class Work(Generic[T]):
     """The handle ``async_op=True`` returns.
 
@@ -55,9 +61,7 @@ class Work(Generic[T]):
     def gave_up(self, description: str, seconds: float) -> CollectiveTimeoutError:
         """The error for a wait on this operation that gave up after ``seconds`` (``description``: how
         the waiter names it), naming the ranks it still waits for where they are known."""
-        waiting = self.waiting_on()
-        told = f"; waiting on {describe_waiting(waiting)}" if waiting else ""
-        return CollectiveTimeoutError(f"{description} did not complete within {seconds:g}s{told}", waiting)
+        return wait_gave_up(description, seconds, self.waiting_on())
 
     def is_completed(self) -> bool:
         """Whether the operation finished (successfully or not)."""

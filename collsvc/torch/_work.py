@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from collsvc.client.work import Work as CollsvcCall
-from collsvc.errors import CollectiveTimeoutError, CollsvcError
+from collsvc.client.work import wait_gave_up
+from collsvc.errors import CollsvcError
 from collsvc.torch._errors import to_torch_error
 from collsvc.torch._streams import CallerStream, run_on
 
@@ -190,9 +191,8 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         limit = min(limits) if limits else None
         if not self._done.wait(limit):
             late = next((call for call in self._collsvc_calls if not call.is_completed()), None)
-            if late is None:
-                raise to_torch_error(CollectiveTimeoutError(f"{self._description} did not complete within {limit:g}s"))
-            raise to_torch_error(late.gave_up(self._description, limit or 0.0))
+            waiting = late.waiting_on() if late is not None else []
+            raise to_torch_error(wait_gave_up(self._description, limit or 0.0, waiting))
         if self._error is not None:
             raise self._error
         return True
