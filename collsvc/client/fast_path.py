@@ -1,5 +1,6 @@
 """Repeated synchronous all_reduce, broadcast, all_gather, reduce_scatter and all_to_all calls of numpy
-arrays, and barriers, within one host, without the general layers.
+arrays (and of CPU torch tensors, through numpy views of them kept per tensor), and barriers, within one
+host, without the general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
 ``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
@@ -21,7 +22,9 @@ Everything the peers see is what the general path produces, so ranks may take ei
 same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
 Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x`` (all_gather
 and reduce_scatter: other than a C-contiguous array of the result's shape apart from ``x``), a non-contiguous or
-read-only array, calls queued on the worker thread, or a job recording its timeline.
+read-only array, a tensor numpy cannot view (CUDA, bfloat16, one that requires grad), calls queued on the
+worker thread, or a job recording its timeline. A tensor's result comes back as the general path gives
+it: ``out`` itself, or a new CPU tensor sharing the result's memory.
 ``COLLSVC_FAST_PATH=0`` sends every call the general way.
 """
 
@@ -32,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from collsvc.arrays import as_torch_like, kept_torch_view
 from collsvc.client.backends.base import GroupSpec, Signature
 from collsvc.client.backends.reduction import reduced_as
 from collsvc.client.job import Job
@@ -179,8 +183,10 @@ class RepeatedCalls:
         Raises:
             As :meth:`RepeatedCall.run`, or the job's failure.
         """
-        if async_op or type(x) is not np.ndarray:
+        if async_op:
             return NOT_RUN
+        if type(x) is not np.ndarray:
+            return self._run_tensor(kind, x, arg, out)
         try:
             # Only calls that _may_repeat are learned, so an argument of another type finds nothing.
             repeated = self._known.get((kind, x.dtype, x.shape, arg))
@@ -195,6 +201,21 @@ class RepeatedCalls:
             return NOT_RUN
         self._check()
         return repeated.run(self._number(), x, out)
+
+    def _run_tensor(self, kind: str, x: Any, arg: Any, out: Any) -> Any:
+        """:meth:`run` for a CPU torch tensor ``x``: the same fast path on its kept numpy view
+        (:func:`~collsvc.arrays.kept_torch_view`; the caller holds ``x`` through this synchronous call),
+        the result given back as the general path gives it (``out`` itself, or a new tensor)."""
+        view = kept_torch_view(x)
+        if view is None:
+            return NOT_RUN
+        if out is None:
+            result = self.run(kind, view, arg, None, False)
+            return result if result is NOT_RUN else as_torch_like(result, x)
+        out_view = view if out is x else kept_torch_view(out)
+        if out_view is None or self.run(kind, view, arg, out_view, False) is NOT_RUN:
+            return NOT_RUN
+        return out
 
     def barrier(self, limit: float) -> bool:
         """Passes a barrier of at most ``limit`` seconds on its fast path if it has one and may take it
@@ -228,6 +249,12 @@ class RepeatedCalls:
         Raises:
             TypeError / ValueError: a bad op or root.
         """
+        if type(x) is not np.ndarray and not async_op:  # a CPU torch tensor: the path of its view
+            view = kept_torch_view(x)
+            out_view = view if out is x else None if out is None else kept_torch_view(out)
+            if view is None or (out is not None and out_view is None):
+                return
+            x, out = view, out_view
         if not _may_repeat(x, arg, out, async_op):
             return
         key = (kind, x.dtype, x.shape, arg)

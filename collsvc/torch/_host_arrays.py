@@ -2,29 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-import weakref
-from typing import Any
-
 import numpy as np
 import torch
 
-from collsvc.arrays import torch_cpu_view
-
-# How many tensors' views each thread keeps for calls that hold their tensors (then it starts over).
-_KEPT_VIEWS = 32
-
-
-class _RecentViews(threading.local):
-    """Per thread: id(tensor) -> (a weak reference to it, its address, shape, strides, dtype, and a
-    view that does not keep it alive). A training loop passes the same few tensors over and over;
-    making a view costs ~5 us a call, checking a kept one under 1 us."""
-
-    def __init__(self) -> None:
-        self.views: dict[int, tuple[Any, int, Any, Any, Any, np.ndarray]] = {}
-
-
-_recent = _RecentViews()
+from collsvc.arrays import kept_torch_view, torch_cpu_view
 
 
 def host_array(tensor: torch.Tensor, *, held: bool = False) -> np.ndarray | None:
@@ -37,27 +18,10 @@ def host_array(tensor: torch.Tensor, *, held: bool = False) -> np.ndarray | None
     does not keep the tensor alive. The kept view is used only while the tensor is the same object at
     the same address with the same shape, strides and dtype.
     """
-    views = _recent.views
     if held:
-        kept = views.get(id(tensor))
-        if kept is not None:
-            ref, address, shape, strides, dtype, view = kept
-            if (
-                ref() is tensor
-                and tensor.data_ptr() == address
-                and tensor.shape == shape
-                and tensor.stride() == strides
-                and tensor.dtype is dtype
-            ):
-                return view
-    made = torch_cpu_view(tensor.detach() if tensor.requires_grad else tensor, owning=not held)
-    if made is None or not made.flags.c_contiguous:
-        return None
-    if held:
-        if len(views) >= _KEPT_VIEWS:
-            views.clear()
-        views[id(tensor)] = (weakref.ref(tensor), tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, made)
-    return made
+        return kept_torch_view(tensor, detach=True)
+    made = torch_cpu_view(tensor.detach() if tensor.requires_grad else tensor)
+    return made if made is not None and made.flags.c_contiguous else None
 
 
 def flat_host_arrays(
