@@ -7,6 +7,11 @@ their progress now: an unnumbered PROGRESS_WANTED event on each one's Watch stre
 answers with a heartbeat carrying the event's ``request_id`` (its progress read after the event came).
 The coordinator waits for every answer, a bounded time; a member that cannot answer (stopped, gone)
 keeps its last reported progress.
+
+When many ranks time out on the same call (every rank but a stuck one, in a large job), their requests
+share the questions: a member with a question on its way and unanswered is not asked again; each
+request waits for the answer to that question. A question is asked anew once the request that asked
+it has ended unanswered, so a lost question cannot make later requests wait in vain.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class EventQueue(Protocol):
 @dataclass(eq=False)
 class _Request:
     request_id: int
-    pending: set[int]
+    # rank -> the id of the question it waits for: its own, or an open one asked by an earlier request
+    pending: dict[int, int]
     answered: Broadcast = field(default_factory=Broadcast)
 
 
@@ -40,20 +46,26 @@ class ProgressRequests:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._open: list[_Request] = []
+        self._asked: dict[int, int] = {}  # rank -> the id of the question on its way to it, unanswered
 
     async def refresh(self, streams: Mapping[int, EventQueue], ranks: Iterable[int], seconds: float) -> bool:
-        """Asks members ``ranks`` (those with a Watch stream in ``streams``) for their progress now and
-        waits up to ``seconds`` for every answer; returns whether each answered (its progress is then
-        recorded, by the heartbeat that answered) or its stream ended first."""
-        request = _Request(next(self._ids), set())
+        """Asks members ``ranks`` (those with a Watch stream in ``streams``) for their progress now, unless
+        a question is already on its way to one, and waits up to ``seconds`` for every answer; returns
+        whether each answered (its progress is then recorded, by the heartbeat that answered) or its
+        stream ended first."""
+        request = _Request(next(self._ids), {})
         for rank in ranks:
             stream = streams.get(rank)
-            if stream is not None:
+            if stream is None:
+                continue
+            asked = self._asked.get(rank)
+            if asked is None:
+                asked = self._asked[rank] = request.request_id
                 event = coordinator_pb2.WatchEvent(
-                    kind=coordinator_pb2.EVENT_KIND_PROGRESS_WANTED, ranks=[rank], request_id=request.request_id
+                    kind=coordinator_pb2.EVENT_KIND_PROGRESS_WANTED, ranks=[rank], request_id=asked
                 )
                 stream.queue.put_nowait(event)
-                request.pending.add(rank)
+            request.pending[rank] = asked
         if not request.pending:
             return True
         self._open.append(request)
@@ -61,20 +73,28 @@ class ProgressRequests:
             return await request.answered.wait(seconds)
         finally:
             self._open.remove(request)
+            for rank, asked in request.pending.items():  # unanswered questions it asked: ask anew later
+                if asked == request.request_id and self._asked.get(rank) == asked:
+                    del self._asked[rank]
 
     def answered(self, rank: int, request_id: int) -> None:
-        """Member ``rank`` sent a heartbeat answering request ``request_id`` (and so every earlier one)."""
-        for request in self._open:
-            if request.request_id <= request_id:
+        """Member ``rank`` sent a heartbeat answering question ``request_id`` (and so every earlier one)."""
+        if self._asked.get(rank, request_id + 1) <= request_id:
+            del self._asked[rank]
+        for request in list(self._open):
+            asked = request.pending.get(rank)
+            if asked is not None and asked <= request_id:
                 self._settle(request, rank)
 
     def gone(self, rank: int) -> None:
         """Member ``rank``'s Watch stream ended: it answers nothing any more."""
-        for request in self._open:
-            self._settle(request, rank)
+        self._asked.pop(rank, None)
+        for request in list(self._open):
+            if rank in request.pending:
+                self._settle(request, rank)
 
     @staticmethod
     def _settle(request: _Request, rank: int) -> None:
-        request.pending.discard(rank)
+        del request.pending[rank]
         if not request.pending:
             request.answered.set()
