@@ -214,8 +214,7 @@ def kept_torch_view(x: Any, *, detach: bool = False) -> np.ndarray | None:
 def as_torch_like(result: np.ndarray, like: Any) -> Any:
     """A new host ``result`` as a tensor of ``like``'s library (a torch CPU tensor, no copy): what the
     general path's ``from_host`` returns for it."""
-    torch = sys.modules[type(like).__module__.split(".", 1)[0]]
-    return torch.from_numpy(result)
+    return sys.modules[_module_of(like)].from_numpy(result)
 
 
 # torch dtypes a CUDA tensor may be viewed as directly, as the CuPy dtype of the view (bfloat16: its bits).

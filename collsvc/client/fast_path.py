@@ -206,16 +206,13 @@ class RepeatedCalls:
         """:meth:`run` for a CPU torch tensor ``x``: the same fast path on its kept numpy view
         (:func:`~collsvc.arrays.kept_torch_view`; the caller holds ``x`` through this synchronous call),
         the result given back as the general path gives it (``out`` itself, or a new tensor)."""
-        view = kept_torch_view(x)
-        if view is None:
+        views = _tensor_views(x, out)
+        if views is None:
             return NOT_RUN
-        if out is None:
-            result = self.run(kind, view, arg, None, False)
-            return result if result is NOT_RUN else as_torch_like(result, x)
-        out_view = view if out is x else kept_torch_view(out)
-        if out_view is None or self.run(kind, view, arg, out_view, False) is NOT_RUN:
+        result = self.run(kind, views[0], arg, views[1], False)
+        if result is NOT_RUN:
             return NOT_RUN
-        return out
+        return as_torch_like(result, x) if out is None else out
 
     def barrier(self, limit: float) -> bool:
         """Passes a barrier of at most ``limit`` seconds on its fast path if it has one and may take it
@@ -250,11 +247,10 @@ class RepeatedCalls:
             TypeError / ValueError: a bad op or root.
         """
         if type(x) is not np.ndarray and not async_op:  # a CPU torch tensor: the path of its view
-            view = kept_torch_view(x)
-            out_view = view if out is x else None if out is None else kept_torch_view(out)
-            if view is None or (out is not None and out_view is None):
+            views = _tensor_views(x, out)
+            if views is None:
                 return
-            x, out = view, out_view
+            x, out = views
         if not _may_repeat(x, arg, out, async_op):
             return
         key = (kind, x.dtype, x.shape, arg)
@@ -264,6 +260,19 @@ class RepeatedCalls:
             self._known.clear()
         prepared = _prepare(kind, self._job, self._spec, self._stream, signature, x, arg) if self._enabled else None
         self._known[key] = prepared
+
+
+def _tensor_views(x: Any, out: Any) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``x`` (a CPU torch tensor) and ``out`` (None, ``x`` itself, or another tensor) as their kept numpy
+    views (:func:`~collsvc.arrays.kept_torch_view`), ``out is x`` kept as the same view; None where
+    numpy cannot view one of them."""
+    view = kept_torch_view(x)
+    if view is None:
+        return None
+    if out is None or out is x:
+        return view, (None if out is None else view)
+    out_view = kept_torch_view(out)
+    return None if out_view is None else (view, out_view)
 
 
 def _may_repeat(x: Any, arg: Any, out: Any, async_op: bool) -> bool:

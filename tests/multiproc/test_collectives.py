@@ -17,6 +17,7 @@ from tests.multiproc.checks import (
     np_dtype,
     reference,
 )
+from tests.multiproc.test_faults import host_env
 
 SHAPES = [(), (1,), (0,), (7, 3), (1000,)]
 
@@ -210,7 +211,7 @@ def test_threads_issuing_async_calls_on_different_groups_do_not_wait_for_each_ot
             two_threads_on_two_groups,
             3,
             address=address,
-            rank_env=lambda r: {"COLLSVC_HOST": "one-host" if transport == "shm" else f"host{r}"},
+            rank_env=host_env(transport),
             timeout=60,  # before: every rank waited out the job's timeout (300 s)
         )
     assert result.values == [[1.0, 1.0]] * 3

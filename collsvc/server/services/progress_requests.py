@@ -79,11 +79,12 @@ class ProgressRequests:
 
     def answered(self, rank: int, request_id: int) -> None:
         """Member ``rank`` sent a heartbeat answering question ``request_id`` (and so every earlier one)."""
-        if self._asked.get(rank, request_id + 1) <= request_id:
+        asked = self._asked.get(rank)
+        if asked is not None and asked <= request_id:
             del self._asked[rank]
         for request in list(self._open):
-            asked = request.pending.get(rank)
-            if asked is not None and asked <= request_id:
+            waits_for = request.pending.get(rank)
+            if waits_for is not None and waits_for <= request_id:
                 self._settle(request, rank)
 
     def gone(self, rank: int) -> None:
