@@ -165,15 +165,16 @@ class Operand:
                 return Buffer(dest.reshape(-1), is_out=True)
         return Buffer(_copy(array, self.on_device).reshape(-1))
 
-    def landing_buffer(self) -> Buffer:
-        """A flat buffer for a result that overwrites everything (broadcast on non-source ranks): the
-        caller's ``out`` (or ``x`` when ``out is x``) when usable, else a fresh array; nothing is copied in."""
+    def landing_buffer(self, shape: tuple[int, ...]) -> Buffer:
+        """A flat buffer for a result of ``shape`` that overwrites everything and reads no input
+        (broadcast and scatter on non-source ranks): the caller's ``out`` (or ``x`` when ``out is x``)
+        when usable, else a fresh array of ``shape``; nothing is copied in."""
         target = self.target
         if target is not None:
             dest = target.array if self.on_device else to_host(target)
             if target.on_gpu == self.adapted.on_gpu and self._usable_in_place(dest, target):
                 return Buffer(dest.reshape(-1), is_out=True)
-        return Buffer(empty((self.size,), self.dtype, self.on_device))
+        return Buffer(self.empty(shape).reshape(-1))
 
     def result_buffer(self, shape: tuple[int, ...]) -> Buffer:
         """A flat buffer for a result of ``shape`` that the backend writes while it still reads the

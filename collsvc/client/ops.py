@@ -122,7 +122,7 @@ def broadcast(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
                 return out
             result = flat.reshape(operand.shape)
             return operand.finish(result if out is not None else result.copy())
-        buffer = operand.landing_buffer()
+        buffer = operand.landing_buffer(operand.shape)
         backend.broadcast(call, buffer.array, src)
         return operand.finish_buffer(buffer, operand.shape)
 
@@ -265,7 +265,7 @@ def scatter(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
 
     def body(call: Call, backend: Backend) -> Any:
         # Straight into a usable out: the root's apart from its input, the others' (which read nothing).
-        buffer = operand.result_buffer(block_shape) if is_root else operand.landing_buffer()
+        buffer = operand.result_buffer(block_shape) if is_root else operand.landing_buffer(block_shape)
         backend.scatter(call, operand.flat() if is_root else None, buffer.array, src)
         return operand.finish_buffer(buffer, block_shape, like=like)
 

@@ -215,3 +215,28 @@ def test_threads_issuing_async_calls_on_different_groups_do_not_wait_for_each_ot
             timeout=60,  # before: every rank waited out the job's timeout (300 s)
         )
     assert result.values == [[1.0, 1.0]] * 3
+
+
+def scatter_as_documented(comm: collsvc.Communicator) -> int:
+    """docs/api.md's simplest form: every rank passes an x of the full shape and no out. Non-source
+    ranks' landing buffer had the full size, so every rank raised a false CollectiveMismatchError."""
+    n, calls = comm.size, 0
+    for src in range(n):
+        for repeat in range(3):  # the repeated-call caches too
+            full = np.arange(n * 3, dtype=np.float32) + 100 * repeat
+            x = full if comm.rank == src else np.zeros(n * 3, np.float32)
+            block = comm.scatter(x, src=src)
+            assert block.shape == (3,)
+            np.testing.assert_array_equal(block, full[3 * comm.rank : 3 * comm.rank + 3])
+            calls += 1
+    return calls
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def test_scatter_without_out_on_every_root(world_size: int, transport: str) -> None:
+    with coordinator() as (_, address):
+        result = run_ranks(
+            scatter_as_documented, world_size, address=address, rank_env=host_env(transport), timeout=120
+        )
+    assert result.values == [3 * world_size] * world_size
