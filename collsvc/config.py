@@ -327,6 +327,12 @@ def fast_path_enabled(env: Mapping[str, str] | None = None) -> bool:
     return (os.environ if env is None else env).get("COLLSVC_FAST_PATH", "1") != "0"
 
 
+def debug_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """``COLLSVC_DEBUG=1``: full tracebacks through collsvc's own frames, and internal faults' full
+    records in their messages."""
+    return (os.environ if env is None else env).get("COLLSVC_DEBUG", "") not in ("", "0")
+
+
 def shm_barriers(env: Mapping[str, str] | None = None) -> str:
     """``COLLSVC_SHM_BARRIERS``: how the ranks of one host meet in their shared-memory steps.
 

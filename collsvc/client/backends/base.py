@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from collsvc.config import debug_enabled
 from collsvc.errors import CollectiveMismatchError
 from collsvc.types import ReduceOp
 
@@ -272,9 +273,47 @@ def mismatch_error(call: Call, calls: Mapping[int, Any]) -> CollectiveMismatchEr
         )
         kind = "size or dtype mismatch"
     else:
-        described = "; ".join(f"rank {rank} called {describe_call(value)}" for rank, value in sorted(calls.items()))
+        texts = {rank: describe_call(value) for rank, value in sorted(calls.items())}
+        if len(texts) > 1 and len(set(texts.values())) == 1:
+            return _internal_fault(call, next(iter(texts.values())), calls)
+        described = "; ".join(f"rank {rank} called {text}" for rank, text in texts.items())
         kind = "collective mismatch"
     return CollectiveMismatchError(f"{kind} at {call.title()} in group '{call.group.name}': {described}", dict(calls))
+
+
+def differing_fields(calls: Mapping[int, Any]) -> dict[str, dict[int, Any]]:
+    """The fields of the ranks' call records (dicts) whose values are not the same on every rank:
+    field -> rank -> value. Fields only some ranks' records carry are left out."""
+    records = {rank: value for rank, value in calls.items() if isinstance(value, Mapping)}
+    if len(records) < 2:
+        return {}
+    common = set.intersection(*(set(record) for record in records.values()))
+    return {
+        name: {rank: records[rank][name] for rank in sorted(records)}
+        for name in sorted(common)
+        if len({json.dumps(record[name], sort_keys=True, default=str) for record in records.values()}) > 1
+    }
+
+
+def _internal_fault(call: Call, called: str, calls: Mapping[int, Any]) -> CollectiveMismatchError:
+    """The error for ranks whose calls agree but whose buffers or descriptors do not: collsvc's fault,
+    never the program's, so it must not read as "rank 0 called X; rank 1 called X"."""
+    fields = differing_fields(calls)
+    shown = {name: values for name, values in fields.items() if name != "digest"} or fields
+    if shown:
+        differed = "; ".join(
+            f"{name}: " + ", ".join(f"rank {rank} {value}" for rank, value in values.items())
+            for name, values in shown.items()
+        )
+    else:
+        differed = "records that show no difference"
+    records = f" Each rank's record: {dict(sorted(calls.items()))}." if debug_enabled() else ""
+    return CollectiveMismatchError(
+        f"internal fault at {call.title()} in group '{call.group.name}': every rank called {called}, yet "
+        f"their buffers differ ({differed}). The calls agree, so this is a fault in collsvc, not in your "
+        f"program; please report it (COLLSVC_DEBUG=1 adds each rank's full record).{records}",
+        dict(calls),
+    )
 
 
 def last_finished(progress: Mapping[str, int], stream: str) -> int:

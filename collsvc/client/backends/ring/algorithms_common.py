@@ -112,16 +112,17 @@ def recv_array(ch: Channel, src: int, step: int, dtype: np.dtype, count: int) ->
     """Receives one frame as a read-only array of ``count`` elements of ``dtype``, without copying.
 
     Raises:
-        CollectiveMismatchError: the frame does not hold exactly ``count`` elements (the ranks passed
-            arrays of different sizes).
+        CollectiveMismatchError: the frame does not hold exactly ``count`` elements although the calls
+            agree (an internal fault: the signatures, shapes included, were checked first).
         CollectiveTimeoutError, RankFailedError, AbortedError: from the channel.
     """
     view = ch.recv(src, step)
     expected = count * dtype.itemsize
     if view.nbytes != expected:
         raise CollectiveMismatchError(
-            f"frame {step:#x} from group index {src} to {ch.rank} carries {view.nbytes} bytes, expected "
-            f"{expected}: the ranks passed arrays of different sizes"
+            f"internal fault: frame {step:#x} from group index {src} to {ch.rank} carries {view.nbytes} bytes, "
+            f"expected {expected}, although the ranks' calls agree (every frame carries its sender's call "
+            "signature, checked before its bytes): a fault in collsvc, not in your program; please report it"
         )
     return np.frombuffer(view, dtype=dtype, count=count)
 

@@ -30,10 +30,12 @@ def in_global_ranks(call: Call, local: tuple[int, ...], error: CollsvcError) -> 
 
 def global_mismatch(call: Call, local: tuple[int, ...], error: CollectiveMismatchError) -> CollectiveMismatchError:
     """A shared-memory mismatch (details keyed by local rank) keyed by global rank instead, with this
-    rank's entry replaced by its full signature."""
+    rank's entry overlaid with its full signature."""
     details: dict[int, Any] = {
         local[key] if isinstance(key, int) and 0 <= key < len(local) else key: value
         for key, value in error.details.items()
     }
-    details[call.group.ranks[call.group.index]] = call.signature.describe()
+    me = call.group.ranks[call.group.index]
+    mine = details.get(me)
+    details[me] = {**mine, **call.signature.describe()} if isinstance(mine, dict) else call.signature.describe()
     return mismatch_error(call, details)

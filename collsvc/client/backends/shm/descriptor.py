@@ -72,16 +72,19 @@ def describe(body: bytes) -> dict[str, Any] | str:
 def mismatch(where: str, bodies: list[bytes], mine: str, labels: list[bytes] | None = None) -> CollectiveMismatchError:
     """The error every rank raises when ``bodies`` (one per local rank) differ.
 
-    ``details`` maps each local rank to its full signature where its ``labels`` entry (JSON of
-    ``Signature.describe``) is readable, else to :func:`describe` of its descriptor.
+    ``details`` maps each local rank to :func:`describe` of its descriptor, overlaid with its full
+    signature where its ``labels`` entry (JSON of ``Signature.describe``) is readable: the descriptor's
+    element count and digest stay, so ranks whose signatures agree still show what differed.
     """
     details: dict[int, Any] = {}
     for rank, body in enumerate(bodies):
         label = labels[rank] if labels is not None and rank < len(labels) else b""
+        described = describe(body)
         try:
-            details[rank] = json.loads(label.decode()) if label else describe(body)
+            signature = json.loads(label.decode()) if label else {}
         except ValueError:
-            details[rank] = describe(body)
+            signature = {}
+        details[rank] = {**described, **signature} if isinstance(described, dict) else signature or described
     return CollectiveMismatchError(
         f"{where}: local ranks called different collectives: {details}; this rank: {mine}", details
     )
