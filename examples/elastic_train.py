@@ -93,9 +93,7 @@ def main() -> None:
                 state.commit()
         return comm
 
-    comm = train(state)
-    if comm is None:
-        return  # a replacement that arrived after the job finished
+    comm = train(state)  # a replacement that arrives after the job finished exits 0 in there
     digest = hashlib.sha256(b"".join(state.params[name].tobytes() for name in sorted(state.params))).digest()
     digests = comm.all_gather_object(digest)
     if comm.rank == 0:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from collsvc.client.communicator import Communicator
 from collsvc.elastic.membership import Membership
@@ -50,7 +51,7 @@ class _NewcomersWaiting(Exception):  # noqa: N818 - control flow inside run(), n
     """Raised from ``State.commit()`` when every member agreed to admit waiting newcomers."""
 
 
-def run(train: Callable[..., Result]) -> Callable[..., Result | None]:
+def run(train: Callable[..., Result]) -> Callable[..., Result]:
     """Makes ``train(comm, state, ...)`` survive members failing and take in new ones.
 
     The decorated function is called as ``train(state, ...)``. It calls ``train(comm, state, ...)`` with
@@ -63,13 +64,15 @@ def run(train: Callable[..., Result]) -> Callable[..., Result | None]:
     included) are closed; build sub-groups inside ``train``.
 
     ``train`` returning on every member of a membership ends the job: the decorated function returns
-    its value. A newcomer that arrives after the job finished gets None.
+    its value. A newcomer (a replacement ``collsvc run --max-restarts`` started) that the job did not
+    admit before it finished writes one line to stderr and exits with status 0 (``SystemExit(0)``):
+    the script does not run past the decorated function.
 
     Args:
         train: the training function, ``train(comm, state, *args, **kwargs)``.
 
     Returns:
-        The decorated function ``(state, *args, **kwargs) -> train's return value or None``.
+        The decorated function ``(state, *args, **kwargs) -> train's return value``.
 
     Raises:
         CollsvcError: from the decorated function, when ``collsvc.init()`` was not called (also under
@@ -77,10 +80,11 @@ def run(train: Callable[..., Result]) -> Callable[..., Result | None]:
             lost member (a mismatch, an abort).
         RendezvousError: no new membership formed within the job's timeout, or every member holding
             the state failed.
+        SystemExit: (status 0) on a newcomer whose job finished before admitting it.
     """
 
     @functools.wraps(train)
-    def elastic_train(state: State, *args: Any, **kwargs: Any) -> Result | None:
+    def elastic_train(state: State, *args: Any, **kwargs: Any) -> Result:
         if not isinstance(state, State):
             raise TypeError(f"the first argument must be a collsvc.elastic.State, got {type(state).__name__}")
         membership, comm = Membership.start()
@@ -103,9 +107,17 @@ def run(train: Callable[..., Result]) -> Callable[..., Result | None]:
                 object.__setattr__(state, "_on_commit", None)
             state.restore()
             comm = membership.reform(failed)
-        return None
+        _end_late_newcomer(membership.base)
 
     return elastic_train
+
+
+def _end_late_newcomer(job: str) -> NoReturn:
+    """Ends a newcomer whose job finished before admitting it: one line, exit status 0. Returning None
+    would run the script past its training function on a communicator it never had."""
+    sys.stderr.write(f"collsvc.elastic: job {job!r} had finished before this process was admitted; exiting\n")
+    sys.stderr.flush()
+    raise SystemExit(0)
 
 
 def _one_membership(

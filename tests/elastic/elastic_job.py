@@ -130,13 +130,12 @@ def main() -> None:
                 state.commit()
         return comm
 
-    comm = train(state)
-    result: dict[str, object] = {"pid": os.getpid(), "admitted": comm is not None}
-    if comm is not None:
-        result.update(rank=comm.rank, size=comm.size, step=state.step, w=state.w.tolist(), sizes=state.log)
-        if "t" in state.as_dict():
-            result["t"] = state.t.tolist()
-            result["module"] = {k: v.tolist() for k, v in state.module.items()}
+    comm = train(state)  # a newcomer the job never admitted exits 0 in there, writing nothing
+    result: dict[str, object] = {"pid": os.getpid(), "admitted": True}
+    result.update(rank=comm.rank, size=comm.size, step=state.step, w=state.w.tolist(), sizes=state.log)
+    if "t" in state.as_dict():
+        result["t"] = state.t.tolist()
+        result["module"] = {k: v.tolist() for k, v in state.module.items()}
     with open(os.path.join(out, f"final-{os.getpid()}.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle)
     print(f"finished: {json.dumps(result)}", flush=True)

@@ -37,3 +37,51 @@ def test_min_ranks_must_fit_the_ranks_started(tmp_path: Path) -> None:
     assert "--min-ranks must be between 1 and -n (2), got 3" in done.stderr
     done = run_cli("run", "-n", "2", "--max-restarts", "-1", target)
     assert done.returncode == 2 and "--max-restarts must be >= 0" in done.stderr, done.stderr
+
+
+LATE_REPLACEMENT = """
+import os, pathlib, signal, sys, time
+import collsvc
+
+finished = pathlib.Path(sys.argv[1])
+collsvc.init()
+if os.environ.get("COLLSVC_ELASTIC_JOIN"):  # the replacement: starts only once the job has finished
+    give_up = time.monotonic() + 60
+    while not finished.exists() and time.monotonic() < give_up:
+        time.sleep(0.05)
+state = collsvc.elastic.State(step=0)
+
+@collsvc.elastic.run
+def train(comm, state):
+    if state.step == 0:
+        state.step = 1
+        state.commit()
+        if comm.size == 3 and comm.rank == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.barrier()
+    return comm
+
+comm = train(state)
+print(f"past train: rank {comm.rank} of {comm.size}", flush=True)
+if comm.rank == 0:
+    finished.write_text("done")
+"""
+
+
+def test_a_replacement_admitted_after_the_job_finished_exits_cleanly(tmp_path: Path) -> None:
+    """It got None from the decorated function, so the script's next line raised AttributeError."""
+    target = script(tmp_path, "late.py", LATE_REPLACEMENT)
+    done = run_cli(
+        "run", "-n", "3", "--min-ranks", "2", "--max-restarts", "1", target, str(tmp_path / "finished"), timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if "past train" in line) == [
+        "[rank 0] past train: rank 0 of 2",
+        "[rank 1] past train: rank 1 of 2",
+    ], done.stdout
+    assert "had finished before this process was admitted; exiting" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    summary = [line for line in done.stderr.splitlines() if line.startswith("collsvc run: elastic job finished")]
+    assert len(summary) == 1 and "1 failed process(es) (rank 2 (killed by signal SIGKILL (9)))" in summary[0], (
+        done.stderr
+    )
