@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="ranks on this node (default: 1)",
+        help="ranks on this node (default: 1: without -n the script runs as a world of one rank)",
     )
     run.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default: 1)")
     run.add_argument("--node-rank", type=int, default=0, help="this node's index, from 0 (default: 0)")
@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-ranks",
         type=int,
         metavar="M",
-        help="elastic: a failed rank does not stop the others while at least M ranks remain (default: off)",
+        help="elastic: a failed rank does not stop the others while at least M ranks remain; the script's "
+        "training function must be decorated with collsvc.elastic.run for the survivors to re-form and go on "
+        "(default: off)",
     )
     run.add_argument(
         "--max-restarts",
@@ -209,7 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_args(health)
     health.add_argument("--service", default="", help="service name to check (default: the whole server)")
 
-    bench = sub.add_parser("bench", help="nccl-tests style table: size, time, algbw, busbw")
+    bench = sub.add_parser(
+        "bench",
+        help="nccl-tests style table: size, time, algbw, busbw",
+        description="Start N local ranks (an embedded coordinator) and time one collective over a range of "
+        "sizes, nccl-tests style: per size the median time, the algorithm bandwidth (bytes / time) and the "
+        "bus bandwidth (what each link carries, comparable across world sizes and ops).",
+    )
     bench.add_argument("-n", type=int, default=2, metavar="N", help="ranks (default: 2)")
     bench.add_argument(
         "--op", default="all_reduce", help=f"what to measure: {', '.join(COLLECTIVES)} (default: all_reduce)"
@@ -219,8 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="float32", help="element type (default: float32)")
     bench.add_argument("--iters", type=int, default=20, help="timed iterations per size (default: 20)")
     bench.add_argument("--warmup", type=int, default=3, help="untimed iterations per size (default: 3)")
-    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the arrays live")
-    bench.add_argument("--backend", default="auto", choices=("auto", "nccl", "ring"), help="default: auto")
+    bench.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the arrays live: numpy or CuPy (default: cpu)"
+    )
+    bench.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "nccl", "ring"),
+        help="auto: NCCL when every rank has its own GPU and the arrays are on it, else ring; nccl: NCCL only; "
+        "ring: collsvc's own data plane, which on one host moves the bytes through shared memory "
+        "(COLLSVC_SHM=0 sends them over gRPC as between hosts) (default: auto)",
+    )
     bench.add_argument("--json", action="store_true", help="print JSON rows instead of the table")
     bench.add_argument("--plot", metavar="FILE", help="also plot bus bandwidth to FILE (needs matplotlib)")
     bench.add_argument("--check", action="store_true", help="verify every result")

@@ -94,3 +94,18 @@ def test_status_json_and_table() -> None:
     assert lines[7].split()[:7] == ["3", "h1", "1/2", "1", "failed", "0.8s", "ago"]
     assert "all_reduce(f32[8], SUM) (seq 4/5)" in lines[7]
     assert format_status({"jobs": []}) == "no jobs"
+
+
+def _help_of(command: str) -> str:
+    subparsers = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return " ".join(subparsers.choices[command].format_help().split())
+
+
+def test_help_says_what_a_new_user_needs() -> None:
+    bench = _help_of("bench")
+    assert "time one collective over a range of sizes" in bench  # a description, not only the usage line
+    assert "where the arrays live: numpy or CuPy (default: cpu)" in bench
+    assert "ring: collsvc's own data plane, which on one host moves the bytes through shared memory" in bench
+    run = _help_of("run")
+    assert "without -n the script runs as a world of one rank" in run
+    assert "must be decorated with collsvc.elastic.run" in run
