@@ -12,6 +12,7 @@ the others. Only for ranks on one host: across hosts ``config.mpirun_local_job``
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -97,10 +98,8 @@ def _read(path: str) -> tuple[str, str] | None:
 
 def _mark_left(marker: str) -> None:
     # Registered after init's own exit handler, so it runs after this rank left the job.
-    try:
+    with contextlib.suppress(OSError):
         os.replace(marker, f"{marker}.left")
-    except OSError:
-        pass
 
 
 def _stop_when_others_left(server: Any, path: str) -> None:
@@ -115,10 +114,8 @@ def _stop_when_others_left(server: Any, path: str) -> None:
             time.sleep(_POLL)
     server.stop()
     for name in [path, *(f"{path}.rank{r}{end}" for r in range(1, size) for end in ("", ".left"))]:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(name)
-        except OSError:
-            pass
 
 
 def _gone(marker: str) -> bool:

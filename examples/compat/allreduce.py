@@ -4,19 +4,23 @@ Run: ``mpirun -np 4 python examples/compat/allreduce.py`` or ``collsvc run -n 4 
 """
 
 import numpy as np
-from collsvc.compat.mindspore.communication import init, get_rank
-from collsvc.compat.mindspore import Tensor
+
 import collsvc.compat.mindspore.nn as nn
 import collsvc.compat.mindspore.ops as ops
+from collsvc.compat.mindspore import Tensor
+from collsvc.compat.mindspore.communication import get_rank, init
 
 init()
+
+
 class Net(nn.Cell):
     def __init__(self):
-        super(Net, self).__init__()
+        super().__init__()
         self.allreduce_sum = ops.AllReduce(ops.ReduceOp.SUM, group="nccl_world_group")
 
     def construct(self, x):
         return self.allreduce_sum(x)
+
 
 value = get_rank()
 input_x = Tensor(np.array([[value]]).astype(np.float32))

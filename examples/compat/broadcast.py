@@ -3,22 +3,25 @@
 Run: ``mpirun -np 4 python examples/compat/broadcast.py`` or ``collsvc run -n 4 examples/compat/broadcast.py``.
 """
 
-from collsvc.compat.mindspore import Tensor
-from collsvc.compat.mindspore import context
-from collsvc.compat.mindspore.communication import init
+import numpy as np
+
 import collsvc.compat.mindspore.nn as nn
 import collsvc.compat.mindspore.ops as ops
-import numpy as np
+from collsvc.compat.mindspore import Tensor, context
+from collsvc.compat.mindspore.communication import init
 
 context.set_context(mode=context.GRAPH_MODE)
 init()
+
+
 class Net(nn.Cell):
     def __init__(self):
-        super(Net, self).__init__()
+        super().__init__()
         self.broadcast = ops.Broadcast(0)
 
     def construct(self, x):
         return self.broadcast((x,))
+
 
 input_x = Tensor(np.array([[0]]).astype(np.int32))
 net = Net()

@@ -20,8 +20,8 @@ mpi_rank = comm.rank
 device_id = mpi_rank
 ctx = get_extension_context(extension_module, device_id=device_id)
 
-print("n_devices={}".format(n_devices))
-print("mpi_rank={}".format(mpi_rank))
+print(f"n_devices={n_devices}")
+print(f"mpi_rank={mpi_rank}")
 
 # Data points: each rank its own (the tutorial draws them at random per process)
 n_class = 2

@@ -146,7 +146,11 @@ def test_tutorial_loop_under_collsvc_run() -> None:
     env = {**os.environ, "PYTHONPATH": REPO}
     done = subprocess.run(
         [sys.executable, "-m", "collsvc", "run", "-n", "3", "tests/compat/nnabla_tutorial.py"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     digests = {line.split("] ", 1)[1] for line in done.stdout.splitlines() if "reduced digest" in line}

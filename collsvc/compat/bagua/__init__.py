@@ -61,7 +61,7 @@ def with_bagua(
             comm.broadcast(flats, 0, out=flats)
     for optimizer in optimizers:
         _reduce_before_step(optimizer, algorithm, comm)
-    self.bagua_algorithm = algorithm
+    self.bagua_algorithm = algorithm  # type: ignore[assignment]
     return self
 
 

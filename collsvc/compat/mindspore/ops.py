@@ -114,7 +114,9 @@ class AlltoAll(_Primitive):
     """Splits the input into ``split_count`` parts along ``split_dim``; part j goes to rank j, and the
     parts received are concatenated along ``concat_dim`` in rank order."""
 
-    def __init__(self, split_count: int, split_dim: int, concat_dim: int, group: str = GlobalComm.WORLD_COMM_GROUP) -> None:
+    def __init__(
+        self, split_count: int, split_dim: int, concat_dim: int, group: str = GlobalComm.WORLD_COMM_GROUP
+    ) -> None:
         super().__init__(group)
         self.split_count, self.split_dim, self.concat_dim = split_count, split_dim, concat_dim
 
@@ -124,7 +126,9 @@ class AlltoAll(_Primitive):
         if self.split_count != comm.size:
             raise ValueError(f"AlltoAll: split_count {self.split_count} must equal the group's size {comm.size}")
         if array.shape[self.split_dim] % comm.size:
-            raise ValueError(f"AlltoAll: dimension {self.split_dim} of shape {array.shape} is not divisible by {comm.size}")
+            raise ValueError(
+                f"AlltoAll: dimension {self.split_dim} of shape {array.shape} is not divisible by {comm.size}"
+            )
         parts = np.stack(np.split(array, comm.size, axis=self.split_dim))
         received = comm.all_to_all(parts)
         return kind(np.concatenate(list(received), axis=self.concat_dim))
@@ -155,12 +159,13 @@ class NeighborExchange(_Primitive):
         inputs = [_array(t) for t in x]
         if len(inputs) != len(self.send_rank_ids):
             raise ValueError(f"NeighborExchange: {len(self.send_rank_ids)} tensors to send, got {len(inputs)}")
-        for (array, _), dst, shape in zip(inputs, self.send_rank_ids, self.send_shapes):
+        for (array, _), dst, shape in zip(inputs, self.send_rank_ids, self.send_shapes, strict=True):
             if tuple(array.shape) != shape:
                 raise ValueError(f"NeighborExchange: a tensor to send has shape {array.shape}, declared {shape}")
             comm.send(array, dst)
         kind = inputs[0][1] if inputs else Tensor
         dtype = np.dtype(self.recv_type)
         return tuple(
-            kind(comm.recv(src, shape=shape, dtype=dtype)) for src, shape in zip(self.recv_rank_ids, self.recv_shapes)
+            kind(comm.recv(src, shape=shape, dtype=dtype))
+            for src, shape in zip(self.recv_rank_ids, self.recv_shapes, strict=True)
         )

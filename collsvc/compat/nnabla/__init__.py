@@ -171,7 +171,10 @@ def parameter_scope(name: str) -> Iterator[None]:
 
 
 def get_parameter_or_create(
-    name: str, shape: Sequence[int] = (), initializer: Callable[[tuple[int, ...]], Any] | Any = None, need_grad: bool = True
+    name: str,
+    shape: Sequence[int] = (),
+    initializer: Callable[[tuple[int, ...]], Any] | Any = None,
+    need_grad: bool = True,
 ) -> Variable:
     """The registered parameter ``name`` (under the current scope), created when missing.
 

@@ -63,7 +63,7 @@ def _by_dtype(arrays: Sequence[np.ndarray[Any, Any]]) -> list[list[np.ndarray[An
 
 
 def _store(arrays: Sequence[np.ndarray[Any, Any]], owners: Sequence[Any]) -> None:
-    for array, owner in zip(arrays, owners):
+    for array, owner in zip(arrays, owners, strict=True):
         if owner is not None:
             owner.data = array
 
@@ -101,7 +101,9 @@ class MultiProcessDataParallelCommunicator:
     def _group(self, group: str) -> CollsvcCommunicator:
         self._world()
         if group not in self._groups:
-            raise ValueError(f"no group named {group!r}: create it with new_group first (groups: {sorted(self._groups)})")
+            raise ValueError(
+                f"no group named {group!r}: create it with new_group first (groups: {sorted(self._groups)})"
+            )
         comm = self._groups[group]
         if comm is None:
             raise ValueError(f"this rank ({self.rank}) is not a member of group {group!r} {self._group_ranks[group]}")
@@ -221,8 +223,15 @@ class MultiProcessDataParallelCommunicator:
             raise ValueError(f"pack_size must be a positive number of elements, got {pack_size!r}")
         op = self._reduce_op(arrays, division)
         itemsize = max(a.dtype.itemsize for a in arrays)
-        return AllReduceCallback(comm, list(data) if isinstance(data, (list, tuple)) else [data], arrays, owners,
-                                 pack_size * itemsize, op, division)
+        return AllReduceCallback(
+            comm,
+            list(data) if isinstance(data, (list, tuple)) else [data],
+            arrays,
+            owners,
+            pack_size * itemsize,
+            op,
+            division,
+        )
 
     def bcast(self, data: Any, src: int, inplace: bool = False, group: str = WORLD) -> None:
         """Copies rank ``src``'s ``data`` into every rank's ``data``."""
@@ -260,7 +269,9 @@ class MultiProcessDataParallelCommunicator:
             target[...] = gathered[i].reshape(target.shape)
         _store(targets, owners)
 
-    def reduce_scatter(self, ndarray_list: Sequence[Any], ndarray: Any, division: bool = False, group: str = WORLD) -> None:
+    def reduce_scatter(
+        self, ndarray_list: Sequence[Any], ndarray: Any, division: bool = False, group: str = WORLD
+    ) -> None:
         """Sums ``ndarray_list[i]`` over the group; rank ``i`` gets the i-th sum in ``ndarray``.
 
         Raises:
@@ -306,7 +317,7 @@ class AllReduceCallback:
         self._comm = comm
         self._arrays = arrays
         self._owners = owners
-        self._by_id = {id(item): array for item, array in zip(items, arrays)}
+        self._by_id = {id(item): array for item, array in zip(items, arrays, strict=True)}
         self._by_id.update({id(array): array for array in arrays})
         self._division = division
         self._op = op

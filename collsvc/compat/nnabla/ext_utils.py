@@ -18,7 +18,9 @@ class Context:
     device_id: str = "0"
 
 
-def get_extension_context(ext_name: str = "cpu", device_id: str | int = "0", type_config: str = "float", **kw: object) -> Context:
+def get_extension_context(
+    ext_name: str = "cpu", device_id: str | int = "0", type_config: str = "float", **kw: object
+) -> Context:
     """A context for the extension ``ext_name`` (``"cpu"``, ``"cuda"``, ``"cudnn"``, ``"cuda.cudnn"``).
 
     Args:
