@@ -190,7 +190,7 @@ def full_batch_losses() -> list[float]:
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
