@@ -53,13 +53,20 @@ def init(
     joins twice.
 
     Raises:
-        ValueError: no coordinator or world size given or found in the environment, or a bad value.
+        ValueError: no coordinator or world size given or found in the environment, or a bad value;
+            under mpirun without a coordinator, ranks on more than one host.
         RendezvousError: this process already joined another job (call ``collsvc.destroy()`` first),
             world-size disagreement, duplicate rank, full job, device clash, or no coordinator within
             ``timeout``.
         AuthenticationError: missing or wrong token, or TLS refused.
         BackendUnavailableError: ``backend="nccl"`` without CuPy or a GPU.
     """
+    if coordinator is None:  # under mpirun with no coordinator given, its local rank 0 starts one
+        from collsvc._mpirun_coordinator import coordinator_for_mpirun
+
+        found = coordinator_for_mpirun(timeout, token)
+        if found is not None:
+            coordinator, token = found
     try:
         options = resolve_init(coordinator, world_size, rank, backend, timeout, token, job_id)
     except ValueError:

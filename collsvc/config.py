@@ -343,3 +343,42 @@ def shm_barriers(env: Mapping[str, str] | None = None) -> str:
         ValueError: another value.
     """
     return _choice(os.environ if env is None else env, "COLLSVC_SHM_BARRIERS", SHM_BARRIER_KINDS)
+
+
+MPIRUN_HOSTS_ERROR = (
+    "mpirun started this job's ranks on more than one host, and no coordinator was given: start one "
+    "(`collsvc coordinator --host 0.0.0.0`) and pass its address to every rank, e.g. "
+    "`mpirun -x COLLSVC_COORDINATOR=HOST:29400 ...`"
+)
+
+
+def mpirun_local_job(env: Mapping[str, str] | None = None) -> tuple[str, int, str] | None:
+    """The Open MPI job this process belongs to, when mpirun started it and names no coordinator.
+
+    Returns:
+        ``(key, local_rank, folder)``: a name unique to the mpirun job (its job id and the address of
+        mpirun itself), this process's rank on its host, and the folder where local rank 0 publishes
+        the coordinator it starts (mpirun's own session folder, removed when mpirun ends, else the
+        temp folder). None when a coordinator is set or the process was not started by Open MPI's
+        mpirun.
+
+    Raises:
+        ValueError: the job's ranks span hosts (``OMPI_COMM_WORLD_LOCAL_SIZE`` below
+            ``OMPI_COMM_WORLD_SIZE``): they cannot find a coordinator one of them starts.
+    """
+    env = os.environ if env is None else env
+    if coordinator_from_env(env) or not env.get("OMPI_COMM_WORLD_SIZE"):
+        return None
+    job = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE") or ""
+    mpirun = env.get("OMPI_MCA_orte_hnp_uri") or env.get("PMIX_SERVER_URI41") or env.get("PMIX_SERVER_URI4") or ""
+    if not job and not mpirun:
+        return None
+    size = _int_from(env, ("OMPI_COMM_WORLD_SIZE",)) or 1
+    local_size = _int_from(env, ("OMPI_COMM_WORLD_LOCAL_SIZE",)) or size
+    if local_size != size:
+        raise ValueError(MPIRUN_HOSTS_ERROR)
+    import hashlib
+
+    key = hashlib.sha256(f"{job}|{mpirun}".encode()).hexdigest()[:16]
+    folder = env.get("OMPI_MCA_orte_jobfam_session_dir") or env.get("PMIX_SERVER_TMPDIR") or tempfile.gettempdir()
+    return key, _int_from(env, ("OMPI_COMM_WORLD_LOCAL_RANK",)) or 0, folder

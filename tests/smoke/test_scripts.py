@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -47,6 +48,24 @@ def compare_gloo_output(stdout: str) -> None:
             numbers = row[side]
             assert 0 < numbers["p50"] <= numbers["p99"] and numbers["iters"] == 3 and numbers["buffers"] == 8
         assert row["ratio_p50"] == row["gloo"]["p50"] / row["collsvc"]["p50"]
+
+
+def seed_003_output(per_rank: list[str]) -> Callable[[str], None]:
+    """A check that rank r printed ``per_rank[r]`` (whitespace, commas and a Tensor repr's wrapping removed)."""
+
+    def check(stdout: str) -> None:
+        printed: dict[int, str] = {}
+        for line in stdout.splitlines():
+            if line.startswith("[rank "):
+                rank, _, text = line[len("[rank ") :].partition("] ")
+                printed[int(rank)] = printed.get(int(rank), "") + text
+        values = {
+            r: re.sub(r"[\s,]", "", re.sub(r"^\(Tensor\(shape=.*?value=(.*)\),\)$", r"\1", text))
+            for r, text in printed.items()
+        }
+        assert values == dict(enumerate(per_rank)), stdout
+
+    return check
 
 
 def collsvc_run(n: int, path: str, *args: str) -> tuple[str, ...]:
@@ -96,6 +115,23 @@ SMOKE: dict[str, Smoke] = {
         "DDP step, 10.5M-parameter MLP: collsvc",
         needs=("torch",),
     ),
+    # Seed 003's MindSpore examples with their imports changed, at the seed's 4 ranks (mpirun: tests/compat).
+    "examples/compat/allreduce.py": Smoke(
+        collsvc_run(4, "examples/compat/allreduce.py"), "[rank 3] [[6.]]", check=seed_003_output(["[[6.]]"] * 4)
+    ),
+    "examples/compat/allgather.py": Smoke(
+        collsvc_run(4, "examples/compat/allgather.py"),
+        "[rank 3]  [3.]]",
+        check=seed_003_output(["[[0.][1.][2.][3.]]"] * 4),
+    ),
+    "examples/compat/reducescatter.py": Smoke(
+        collsvc_run(4, "examples/compat/reducescatter.py"),
+        "[rank 3] [[12.]]",
+        check=seed_003_output(["[[0.]]", "[[4.]]", "[[8.]]", "[[12.]]"]),
+    ),
+    "examples/compat/broadcast.py": Smoke(
+        collsvc_run(4, "examples/compat/broadcast.py"), "[rank 3] [[0]]),)", check=seed_003_output(["[[0]]"] * 4)
+    ),
     # Without a GPU it must say so and exit 0; with one it prints its table (see test_nccl_overhead...).
     "benchmarks/nccl_overhead.py": Smoke(("benchmarks/nccl_overhead.py", "--sizes", "1M", "--iters", "2"), ""),
     "benchmarks/torch_cuda.py": Smoke(
@@ -115,7 +151,7 @@ TESTED_IN = {
 
 
 def scripts() -> list[str]:
-    return sorted(str(p.relative_to(REPO)) for folder in FOLDERS for p in (REPO / folder).glob("*.py"))
+    return sorted(str(p.relative_to(REPO)) for folder in FOLDERS for p in (REPO / folder).rglob("*.py"))
 
 
 def run_script(argv: tuple[str, ...]) -> subprocess.CompletedProcess[str]:

@@ -70,7 +70,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("communicator", ("collsvc.client",)),
-    ("api", ("collsvc._api",)),
+    ("api", ("collsvc._api", "collsvc._mpirun_coordinator")),
     ("elastic", ("collsvc.elastic",)),  # the rank side: State, run, membership
     ("package", ("collsvc",)),  # collsvc/__init__.py: the public names, loaded lazily
     ("torch", ("collsvc.torch",)),
@@ -94,6 +94,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("elastic launcher", ("collsvc.elastic.launch", "collsvc.elastic.rejoin")),
     ("cli", ("collsvc.cli", "collsvc._cli_observe", "collsvc._cli_remote", "collsvc._cli_common", "collsvc.__main__")),
+    # the seeds' own APIs over the public one (see COMPAT_IMPORTS below)
+    ("compat", ("collsvc.compat",)),
 )
 
 # Rooms that stand side by side in the diagram: neither may import the other, whatever their layers.
@@ -386,3 +388,20 @@ def test_layer_rules_pick_the_longest_match() -> None:
     assert layer_of("collsvc.elastic.launch")[1] == "elastic launcher"
     assert layer_of("collsvc.elastic.membership")[1] == "elastic"
     assert layer_of("collsvc")[1] == "package"
+
+
+# The compat faces translate the seeds' APIs onto the public one: they may import the package itself
+# (its lazily loaded public names) and each other, nothing inside collsvc.
+COMPAT_IMPORTS = ("collsvc", "collsvc.compat")
+
+
+def test_compat_faces_import_only_the_public_api() -> None:
+    violations = [
+        edge.where
+        for edge in import_edges()
+        if layer_of(edge.importer)[1] == "compat"
+        and not (edge.imported == "collsvc" or edge.imported.startswith("collsvc.compat"))
+    ]
+    assert not violations, (
+        "collsvc.compat imports collsvc internals (use the public names of `collsvc`):\n" + "\n".join(violations)
+    )
