@@ -33,6 +33,21 @@ SERVER_WAIT_MARGIN = 5.0
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
 
+# The pause before a Join is sent again on new connections after something other than a coordinator
+# answered at its address (see answered_by_a_stranger).
+STRANGER_RETRY_S = 0.5
+
+
+def answered_by_a_stranger(exc: grpc.RpcError) -> bool:
+    """Whether an HTTP/2 server that is not a gRPC server answered the call (an HTTP status without a
+    gRPC one, e.g. "Received http2 header with status: 404").
+
+    A rank that starts before its cluster routes the coordinator's address meets such answers: a
+    Kubernetes Service IP that kube-proxy has not programmed yet leaves the node by its default route,
+    where a proxy or gateway may answer. The coordinator itself always answers with a gRPC status.
+    """
+    return "received http2 header with status" in ((exc.details() if hasattr(exc, "details") else "") or "").lower()
+
 
 def waiting_from_proto(entries: Any) -> list[dict[str, Any]]:
     return [{"rank": w.rank, "host": w.host, "last_op": w.last_op, "finished_seq": w.finished_seq} for w in entries]
@@ -66,6 +81,7 @@ class CoordinatorClient:
         self._heartbeat_channel: grpc.Channel | None = None
         self._tls_probe = TlsProbe(self.channel, min(timeout, 5.0))
         self._heartbeat_ready: grpc.Future[None] | None = None  # see connect_ahead
+        self._dropped: list[grpc.Channel] = []  # closed with this client (see _drop_heartbeat_channel)
         self.rank: int | None = None
         self.member_secret = ""
         self.link = CoordinatorLink()
@@ -151,10 +167,49 @@ class CoordinatorClient:
             except grpc.RpcError as exc:
                 # The connection broke (the coordinator restarted, say): send the same Join again; its
                 # idempotency key makes a coordinator that still has it find the same member.
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                stranger = answered_by_a_stranger(exc)
+                if not (exc.code() == grpc.StatusCode.UNAVAILABLE or stranger) or time.monotonic() >= deadline:
                     raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
-                log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
+                if stranger:
+                    log.warning(
+                        "job %s: something other than a coordinator answered at %s (%s): the address is not "
+                        "routed to the coordinator yet? joining again on new connections",
+                        self.job_id, self.address, exc.details(),
+                    )  # fmt: skip
+                    self._reconnect()
+                    time.sleep(min(STRANGER_RETRY_S, max(deadline - time.monotonic(), 0.0)))
+                else:
+                    log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
+        if self._heartbeat_ready is not None and not self._heartbeat_ready.done():
+            # The heartbeat stream's connection, opened ahead, has not connected (the name did not
+            # resolve, or nothing listened, when it tried): it retries on gRPC's backoff, a name's
+            # resolution seconds later, while the stream opens now and would fail fast. A new one
+            # connects now, as the Join's just did.
+            self._drop_heartbeat_channel()
         return self._joined(reply)
+
+    def _reconnect(self) -> None:
+        """Both channels anew: an established connection keeps reaching whatever it reached."""
+        self._tls_probe.cancel()
+        self.channel.close()
+        self.channel = make_channel(self.address, self.tls, own_connections=True)
+        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
+        self._tls_probe = TlsProbe(self.channel, min(self.timeout, 5.0))
+        self._drop_heartbeat_channel()
+
+    def _drop_heartbeat_channel(self) -> None:
+        """Sets the heartbeat channel opened ahead aside; :meth:`heartbeat_channel` makes a new one.
+
+        It is closed with this client: closing a channel while gRPC still polls its state for the
+        cancelled ready future can fail in gRPC's polling thread.
+        """
+        if self._heartbeat_ready is not None:
+            with contextlib.suppress(Exception):  # grpc may raise from cancel() once its channel closed
+                self._heartbeat_ready.cancel()
+            self._heartbeat_ready = None
+        if self._heartbeat_channel is not None:
+            self._dropped.append(self._heartbeat_channel)
+            self._heartbeat_channel = None
 
     def _joined(self, reply: coordinator_pb2.JoinResponse) -> coordinator_pb2.JoinResponse:
         self.rank = reply.rank
@@ -386,7 +441,9 @@ class CoordinatorClient:
         :func:`heartbeat_keepalive`), so that a silently dead path breaks the stream within a few
         intervals. Created on first use."""
         if self._heartbeat_channel is None:
-            self._heartbeat_channel = make_channel(self.address, self.tls, heartbeat_keepalive(interval))
+            self._heartbeat_channel = make_channel(
+                self.address, self.tls, heartbeat_keepalive(interval), own_connections=bool(self._dropped)
+            )
         return self._heartbeat_channel
 
     def close(self) -> None:
@@ -397,3 +454,5 @@ class CoordinatorClient:
         self.channel.close()
         if self._heartbeat_channel is not None:
             self._heartbeat_channel.close()
+        for channel in self._dropped:
+            channel.close()

@@ -1,0 +1,132 @@
+"""A rank that starts before its cluster routes the coordinator's address: on Kubernetes a Service IP
+that kube-proxy has not programmed yet leaves the node by its default route, where a gateway or proxy
+may answer HTTP/2 with a bare HTTP status (``Received http2 header with status: 404``), and the
+Service's name may not resolve yet. Join waits through both, on new connections, and the heartbeat
+stream then runs on a connection that reaches the coordinator."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from collsvc.client.coordinator_channel import HEALTH_CHECK
+from collsvc.client.rendezvous import CoordinatorClient
+from collsvc.options import CoordinatorOptions
+from collsvc.proto.v1 import common_pb2
+from collsvc.server.app import CoordinatorThread
+from tests.integration.conftest import TOKEN
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HEADERS, SETTINGS, PING = 1, 4, 6
+STATUS_404 = b"\x8d"  # HPACK: static table entry 13, ":status: 404"
+
+
+class Http404Server:
+    """An HTTP/2 server that answers every request with status 404 and nothing else (what a proxy on the
+    default route answered for an unrouted Service IP). Closing its listener leaves the connections it
+    accepted answering."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.answered = threading.Event()
+        self.connections: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # the listener closed
+            self.connections.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+        return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", kind, flags, stream) + payload
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        try:
+            if reader.read(len(PREFACE)) != PREFACE:
+                return
+            conn.sendall(self._frame(SETTINGS, 0, 0))
+            while header := reader.read(9):
+                length = int.from_bytes(header[:3], "big")
+                kind, flags, stream = header[3], header[4], int.from_bytes(header[5:], "big") & 0x7FFFFFFF
+                payload = reader.read(length)
+                if kind == SETTINGS and not flags & 0x1:
+                    conn.sendall(self._frame(SETTINGS, 0x1, 0))
+                elif kind == PING and not flags & 0x1:
+                    conn.sendall(self._frame(PING, 0x1, 0, payload))
+                elif kind == HEADERS:
+                    conn.sendall(self._frame(HEADERS, 0x5, stream, STATUS_404))  # END_STREAM | END_HEADERS
+                    self.answered.set()
+        except OSError:
+            pass
+
+    def stop_listening(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accepting thread: close() alone would not
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+    def close(self) -> None:
+        self.stop_listening()
+        for conn in self.connections:
+            conn.close()
+
+
+@pytest.fixture
+def stranger() -> Iterator[Http404Server]:
+    server = Http404Server()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_join_waits_through_a_stranger_at_the_coordinators_address(stranger: Http404Server) -> None:
+    address = f"127.0.0.1:{stranger.port}"
+    client = CoordinatorClient(address, "misrouted", token=TOKEN, tls=None, timeout=10.0, join_timeout=20.0)
+    client.connect_ahead(1.0)  # as collsvc.init does: both connections open at once
+    joined: list[object] = []
+
+    def join() -> None:
+        try:
+            joined.append(
+                client.join(
+                    world_size=1, rank=0, host="collsvc-train-0", peer_address="10.0.0.20:29500",
+                    device=common_pb2.DeviceIdentity(kind="cpu"), pid=1, local_rank_hint=None,
+                )
+            )  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            joined.append(exc)
+
+    joiner = threading.Thread(target=join)
+    joiner.start()
+    coordinator: CoordinatorThread | None = None
+    try:
+        assert stranger.answered.wait(10), "the rank never asked the address"
+        # Now the address routes to the coordinator; connections made before still reach the stranger.
+        stranger.stop_listening()
+        coordinator = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=stranger.port, token=TOKEN))
+        coordinator.start()
+        joiner.join(30)
+        assert not joiner.is_alive()
+        (outcome,) = joined
+        assert not isinstance(outcome, BaseException), repr(outcome)
+        # The heartbeat stream's channel reaches the coordinator too: a call that fails fast succeeds.
+        check = client.heartbeat_channel(1.0).unary_unary(HEALTH_CHECK)
+        assert check(b"", timeout=5) is not None
+    finally:
+        client.close()
+        joiner.join(30)
+        if coordinator is not None:
+            coordinator.stop()
