@@ -21,7 +21,7 @@ from collsvc.client.join_relay import RelayedJoin, join_through_relay
 from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.client.relay_wire import RELAY_ENV
-from collsvc.errors import CollectiveTimeoutError, RendezvousError, error_from_rpc
+from collsvc.errors import CollectiveTimeoutError, CollsvcError, RendezvousError, error_from_rpc
 from collsvc.options import TlsFiles
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -167,19 +167,11 @@ class CoordinatorClient:
             except grpc.RpcError as exc:
                 # The connection broke (the coordinator restarted, say): send the same Join again; its
                 # idempotency key makes a coordinator that still has it find the same member.
-                stranger = answered_by_a_stranger(exc)
-                if not (exc.code() == grpc.StatusCode.UNAVAILABLE or stranger) or time.monotonic() >= deadline:
+                if self._stranger_answered(exc, deadline, "join"):
+                    continue
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
                     raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
-                if stranger:
-                    log.warning(
-                        "job %s: something other than a coordinator answered at %s (%s): the address is not "
-                        "routed to the coordinator yet? joining again on new connections",
-                        self.job_id, self.address, exc.details(),
-                    )  # fmt: skip
-                    self._reconnect()
-                    time.sleep(min(STRANGER_RETRY_S, max(deadline - time.monotonic(), 0.0)))
-                else:
-                    log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
+                log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
         if self._heartbeat_ready is not None and not self._heartbeat_ready.done():
             # The heartbeat stream's connection, opened ahead, has not connected (the name did not
             # resolve, or nothing listened, when it tried): it retries on gRPC's backoff, a name's
@@ -187,6 +179,20 @@ class CoordinatorClient:
             # connects now, as the Join's just did.
             self._drop_heartbeat_channel()
         return self._joined(reply)
+
+    def _stranger_answered(self, exc: grpc.RpcError, deadline: float, what: str) -> bool:
+        """When ``exc`` is a stranger's answer (:func:`answered_by_a_stranger`) and ``deadline`` has not
+        passed: logs it, opens new connections, pauses briefly and returns True (send the call again)."""
+        if not answered_by_a_stranger(exc) or time.monotonic() >= deadline:
+            return False
+        log.warning(
+            "job %s: something other than a coordinator answered at %s (%s): the address is not routed to "
+            "the coordinator yet? sending the %s again on new connections",
+            self.job_id, self.address, exc.details(), what,
+        )  # fmt: skip
+        self._reconnect()
+        time.sleep(min(STRANGER_RETRY_S, max(deadline - time.monotonic(), 0.0)))
+        return True
 
     def _reconnect(self) -> None:
         """Both channels anew: an established connection keeps reaching whatever it reached."""
@@ -363,8 +369,16 @@ class CoordinatorClient:
             RendezvousError: the coordinator did not answer in time.
         """
         request = coordinator_pb2.GetKeyRequest(job_id=self.job_id, key=key, wait=False)
-        reply = self._call("GetKey", request, f"look up key {key!r}", timeout=timeout, wait=True)
-        return bytes(reply.value) if reply.found else None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reply = self._call("GetKey", request, f"look up key {key!r}", timeout=timeout, wait=True)
+                return bytes(reply.value) if reply.found else None
+            except CollsvcError as exc:
+                cause = exc.__cause__
+                if not (isinstance(cause, grpc.RpcError) and self._stranger_answered(cause, deadline, "lookup")):
+                    raise
+                timeout = max(deadline - time.monotonic(), 0.01)
 
     def add(self, key: str, amount: int) -> int:
         reply = self._call(

@@ -10,9 +10,8 @@ import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-import grpc
 import pytest
 
 from collsvc.client.coordinator_channel import HEALTH_CHECK
@@ -92,25 +91,35 @@ def stranger() -> Iterator[Http404Server]:
         server.close()
 
 
-def test_join_waits_through_a_stranger_at_the_coordinators_address(stranger: Http404Server) -> None:
+def _join(client: CoordinatorClient) -> object:
+    return client.join(
+        world_size=1, rank=0, host="collsvc-train-0", peer_address="10.0.0.20:29500",
+        device=common_pb2.DeviceIdentity(kind="cpu"), pid=1, local_rank_hint=None,
+    )  # fmt: skip
+
+
+def _lookup(client: CoordinatorClient) -> object:
+    # What ``python -m collsvc.elastic.rejoin`` asks first: whether the elastic job already started.
+    return client.lookup("run", 20.0) is None
+
+
+@pytest.mark.parametrize("call", [_join, _lookup], ids=["join", "rejoin-lookup"])
+def test_a_stranger_at_the_coordinators_address_is_waited_through(
+    stranger: Http404Server, call: Callable[[CoordinatorClient], object]
+) -> None:
     address = f"127.0.0.1:{stranger.port}"
     client = CoordinatorClient(address, "misrouted", token=TOKEN, tls=None, timeout=10.0, join_timeout=20.0)
     client.connect_ahead(1.0)  # as collsvc.init does: both connections open at once
-    joined: list[object] = []
+    outcomes: list[object] = []
 
-    def join() -> None:
+    def ask() -> None:
         try:
-            joined.append(
-                client.join(
-                    world_size=1, rank=0, host="collsvc-train-0", peer_address="10.0.0.20:29500",
-                    device=common_pb2.DeviceIdentity(kind="cpu"), pid=1, local_rank_hint=None,
-                )
-            )  # fmt: skip
+            outcomes.append(call(client))
         except BaseException as exc:  # noqa: BLE001 - reported below
-            joined.append(exc)
+            outcomes.append(exc)
 
-    joiner = threading.Thread(target=join)
-    joiner.start()
+    asker = threading.Thread(target=ask)
+    asker.start()
     coordinator: CoordinatorThread | None = None
     try:
         assert stranger.answered.wait(10), "the rank never asked the address"
@@ -118,15 +127,15 @@ def test_join_waits_through_a_stranger_at_the_coordinators_address(stranger: Htt
         stranger.stop_listening()
         coordinator = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=stranger.port, token=TOKEN))
         coordinator.start()
-        joiner.join(30)
-        assert not joiner.is_alive()
-        (outcome,) = joined
+        asker.join(30)
+        assert not asker.is_alive()
+        (outcome,) = outcomes
         assert not isinstance(outcome, BaseException), repr(outcome)
         # The heartbeat stream's channel reaches the coordinator too: a call that fails fast succeeds.
         check = client.heartbeat_channel(1.0).unary_unary(HEALTH_CHECK)
         assert check(b"", timeout=5) is not None
     finally:
         client.close()
-        joiner.join(30)
+        asker.join(30)
         if coordinator is not None:
             coordinator.stop()
