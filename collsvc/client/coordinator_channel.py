@@ -71,6 +71,17 @@ def make_channel(
     return grpc.insecure_channel(address, options=options)
 
 
+def answered_by_a_stranger(exc: grpc.RpcError) -> bool:
+    """Whether an HTTP/2 server that is not a gRPC server answered the call (an HTTP status without a
+    gRPC one, e.g. "Received http2 header with status: 404").
+
+    A rank that starts before its cluster routes the coordinator's address meets such answers: a
+    Kubernetes Service IP that kube-proxy has not programmed yet leaves the node by its default route,
+    where a proxy or gateway may answer. The coordinator itself always answers with a gRPC status.
+    """
+    return "received http2 header with status" in ((exc.details() if hasattr(exc, "details") else "") or "").lower()
+
+
 # The standard health service answers without a token; an empty body asks about the whole server.
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 # gRPC's words for a TLS refusal: this side's handshake failed, or the server accepted the TCP

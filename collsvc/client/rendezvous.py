@@ -5,7 +5,6 @@ All ``grpc.RpcError`` translation for coordinator calls happens in :meth:`Coordi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -16,14 +15,14 @@ from typing import Any
 
 import grpc
 
-from collsvc.client.coordinator_channel import TlsProbe, heartbeat_keepalive, make_channel
+from collsvc.client.coordinator_channels import CoordinatorChannels
 from collsvc.client.join_relay import RelayedJoin, join_through_relay
 from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.client.relay_wire import RELAY_ENV
 from collsvc.errors import CollectiveTimeoutError, CollsvcError, RendezvousError, error_from_rpc
 from collsvc.options import TlsFiles
-from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from collsvc.proto.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
 
@@ -33,27 +32,12 @@ SERVER_WAIT_MARGIN = 5.0
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
 
-# The pause before a Join is sent again on new connections after something other than a coordinator
-# answered at its address (see answered_by_a_stranger).
-STRANGER_RETRY_S = 0.5
-
-
-def answered_by_a_stranger(exc: grpc.RpcError) -> bool:
-    """Whether an HTTP/2 server that is not a gRPC server answered the call (an HTTP status without a
-    gRPC one, e.g. "Received http2 header with status: 404").
-
-    A rank that starts before its cluster routes the coordinator's address meets such answers: a
-    Kubernetes Service IP that kube-proxy has not programmed yet leaves the node by its default route,
-    where a proxy or gateway may answer. The coordinator itself always answers with a gRPC status.
-    """
-    return "received http2 header with status" in ((exc.details() if hasattr(exc, "details") else "") or "").lower()
-
 
 def waiting_from_proto(entries: Any) -> list[dict[str, Any]]:
     return [{"rank": w.rank, "host": w.host, "last_op": w.last_op, "finished_seq": w.finished_seq} for w in entries]
 
 
-class CoordinatorClient:
+class CoordinatorClient(CoordinatorChannels):
     """Blocking calls to one coordinator for one job.
 
     Every method raises the collsvc error the coordinator named (see ``collsvc.errors``), or
@@ -70,18 +54,9 @@ class CoordinatorClient:
         timeout: float,
         join_timeout: float | None = None,
     ) -> None:
-        self.address = address
-        self.job_id = job_id
-        self.timeout = timeout  # any one control call or collective step
+        super().__init__(address, job_id, tls, timeout)
         self.join_timeout = timeout if join_timeout is None else join_timeout  # waiting for every member
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        self.tls = tls
-        self.channel = make_channel(address, tls)
-        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
-        self._heartbeat_channel: grpc.Channel | None = None
-        self._tls_probe = TlsProbe(self.channel, min(timeout, 5.0))
-        self._heartbeat_ready: grpc.Future[None] | None = None  # see connect_ahead
-        self._dropped: list[grpc.Channel] = []  # closed with this client (see _drop_heartbeat_channel)
         self.rank: int | None = None
         self.member_secret = ""
         self.link = CoordinatorLink()
@@ -94,38 +69,14 @@ class CoordinatorClient:
         where = f"{what} (coordinator {self.address}, job '{self.job_id}')"
 
         def send(remaining: float) -> Any:
-            return getattr(self.stub, method)(request, timeout=remaining, metadata=self.metadata, wait_for_ready=wait)
+            stub = self.stub
+            with self._renewing_on_strangers(stub, where):
+                return getattr(stub, method)(request, timeout=remaining, metadata=self.metadata, wait_for_ready=wait)
 
         try:
             return self.link.call(send, time.monotonic() + limit, where, self._connected)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, where) from exc
-
-    def _connected(self, seconds: float) -> bool:
-        """Waits up to ``seconds`` for the control channel to connect; returns whether it did."""
-        ready = grpc.channel_ready_future(self.channel)
-        try:
-            ready.result(timeout=max(seconds, 0.0))
-        except grpc.FutureTimeoutError:
-            return False
-        finally:
-            ready.cancel()
-        return True
-
-    def connect_ahead(self, heartbeat_interval: float) -> None:
-        """Starts both connections to the coordinator now and returns at once.
-
-        The control connection opens with the first TLS probe of :meth:`join` (its answer is read
-        there), and the heartbeat stream's connection (:meth:`heartbeat_channel`) opens beside it, so
-        that both handshakes run while this process does other work (serving its peer endpoint,
-        waiting in Join) rather than one after the other before and after the Join.
-
-        Args:
-            heartbeat_interval: the member's heartbeat interval (the heartbeat channel's keepalive pace).
-        """
-        self._tls_probe.send()
-        if self._heartbeat_ready is None:
-            self._heartbeat_ready = grpc.channel_ready_future(self.heartbeat_channel(heartbeat_interval))
 
     def join(
         self,
@@ -172,50 +123,8 @@ class CoordinatorClient:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
                     raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
                 log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
-        if self._heartbeat_ready is not None and not self._heartbeat_ready.done():
-            # The heartbeat stream's connection, opened ahead, has not connected (the name did not
-            # resolve, or nothing listened, when it tried): it retries on gRPC's backoff, a name's
-            # resolution seconds later, while the stream opens now and would fail fast. A new one
-            # connects now, as the Join's just did.
-            self._drop_heartbeat_channel()
+        self._drop_unconnected_heartbeat_channel()
         return self._joined(reply)
-
-    def _stranger_answered(self, exc: grpc.RpcError, deadline: float, what: str) -> bool:
-        """When ``exc`` is a stranger's answer (:func:`answered_by_a_stranger`) and ``deadline`` has not
-        passed: logs it, opens new connections, pauses briefly and returns True (send the call again)."""
-        if not answered_by_a_stranger(exc) or time.monotonic() >= deadline:
-            return False
-        log.warning(
-            "job %s: something other than a coordinator answered at %s (%s): the address is not routed to "
-            "the coordinator yet? sending the %s again on new connections",
-            self.job_id, self.address, exc.details(), what,
-        )  # fmt: skip
-        self._reconnect()
-        time.sleep(min(STRANGER_RETRY_S, max(deadline - time.monotonic(), 0.0)))
-        return True
-
-    def _reconnect(self) -> None:
-        """Both channels anew: an established connection keeps reaching whatever it reached."""
-        self._tls_probe.cancel()
-        self.channel.close()
-        self.channel = make_channel(self.address, self.tls, own_connections=True)
-        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
-        self._tls_probe = TlsProbe(self.channel, min(self.timeout, 5.0))
-        self._drop_heartbeat_channel()
-
-    def _drop_heartbeat_channel(self) -> None:
-        """Sets the heartbeat channel opened ahead aside; :meth:`heartbeat_channel` makes a new one.
-
-        It is closed with this client: closing a channel while gRPC still polls its state for the
-        cancelled ready future can fail in gRPC's polling thread.
-        """
-        if self._heartbeat_ready is not None:
-            with contextlib.suppress(Exception):  # grpc may raise from cancel() once its channel closed
-                self._heartbeat_ready.cancel()
-            self._heartbeat_ready = None
-        if self._heartbeat_channel is not None:
-            self._dropped.append(self._heartbeat_channel)
-            self._heartbeat_channel = None
 
     def _joined(self, reply: coordinator_pb2.JoinResponse) -> coordinator_pb2.JoinResponse:
         self.rank = reply.rank
@@ -449,24 +358,3 @@ class CoordinatorClient:
             self._call("Leave", request, "leave", timeout=max(deadline - time.monotonic(), 0.1))
         except Exception as exc:  # noqa: BLE001 - leaving is best effort; the coordinator also sees the stream end
             log.info("job %s rank %s: leave was not acknowledged: %s", self.job_id, self.rank, exc)
-
-    def heartbeat_channel(self, interval: float) -> grpc.Channel:
-        """The channel of the heartbeat stream: its own connection, pinged at the heartbeat pace (see
-        :func:`heartbeat_keepalive`), so that a silently dead path breaks the stream within a few
-        intervals. Created on first use."""
-        if self._heartbeat_channel is None:
-            self._heartbeat_channel = make_channel(
-                self.address, self.tls, heartbeat_keepalive(interval), own_connections=bool(self._dropped)
-            )
-        return self._heartbeat_channel
-
-    def close(self) -> None:
-        self._tls_probe.cancel()
-        if self._heartbeat_ready is not None:
-            with contextlib.suppress(Exception):  # grpc may raise from cancel() once its channel closed
-                self._heartbeat_ready.cancel()
-        self.channel.close()
-        if self._heartbeat_channel is not None:
-            self._heartbeat_channel.close()
-        for channel in self._dropped:
-            channel.close()

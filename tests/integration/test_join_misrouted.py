@@ -7,10 +7,14 @@ stream then runs on a connection that reaches the coordinator."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +23,8 @@ from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.options import CoordinatorOptions
 from collsvc.proto.v1 import common_pb2
 from collsvc.server.app import CoordinatorThread
+from tests.harness import TOKEN as RANKS_TOKEN
+from tests.harness import run_ranks
 from tests.integration.conftest import TOKEN
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -31,8 +37,8 @@ class Http404Server:
     default route answered for an unrouted Service IP). Closing its listener leaves the connections it
     accepted answering."""
 
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, port: int = 0) -> None:
+        self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.answered = threading.Event()
         self.connections: list[socket.socket] = []
@@ -139,3 +145,63 @@ def test_a_stranger_at_the_coordinators_address_is_waited_through(
         asker.join(30)
         if coordinator is not None:
             coordinator.stop()
+
+
+def _train_until(comm: Any, started: str, stop: str) -> int:
+    """Barriers and all_reduces until the file ``stop`` exists; rank 0 creates ``started`` first."""
+    import numpy as np
+
+    steps = 0
+    while not os.path.exists(stop):
+        comm.barrier()
+        assert float(comm.all_reduce(np.ones(4))[0]) == comm.size
+        steps += 1
+        if steps == 3 and comm.rank == 0:
+            Path(started).touch()
+    return steps
+
+
+def test_a_stranger_while_the_coordinator_restarts_is_waited_through(tmp_path: Path) -> None:
+    """The coordinator goes away mid-training and, before it serves again on its address, a stranger
+    answers there (on Kubernetes: the Service between the old coordinator pod and the new one): the
+    members' heartbeat streams and calls take new connections until the coordinator is back."""
+    started, stop = tmp_path / "started", tmp_path / "stop"
+    first = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=RANKS_TOKEN))
+    port = first.start()
+    outcome: list[object] = []
+
+    def job() -> None:
+        try:
+            outcome.append(run_ranks(_train_until, 2, address=f"127.0.0.1:{port}", args=(str(started), str(stop)),
+                                     timeout=90.0))  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    runner = threading.Thread(target=job)
+    runner.start()
+    stranger: Http404Server | None = None
+    second: CoordinatorThread | None = None
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():  # the ranks' own signal that they train
+            assert runner.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.05)
+        first.stop()
+        stranger = Http404Server(port)
+        assert stranger.answered.wait(20), "no member asked the address while the coordinator was away"
+        stranger.stop_listening()  # connections made meanwhile still reach it
+        second = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=port, token=RANKS_TOKEN))
+        second.start()
+        stop.touch()
+        runner.join(60)
+        assert not runner.is_alive()
+        (result,) = outcome
+        assert not isinstance(result, BaseException), result
+        assert all(isinstance(v, int) and v >= 3 for v in result.values), result  # type: ignore[attr-defined]
+    finally:
+        stop.touch()
+        runner.join(60)
+        if stranger is not None:
+            stranger.close()
+        if second is not None:
+            second.stop()
