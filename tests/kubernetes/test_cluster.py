@@ -138,7 +138,9 @@ def test_elastic_job_readmits_a_deleted_worker_pod(cluster: Kube) -> None:
     world, victim = 2, 1
     cluster.apply("overlays/elastic", run_script_patch(ELASTIC_JOB, {"ELASTIC_SECONDS": "15"}, keep_command=True))
     names = wait_logged(cluster, world, f"of {world} training")
-    deleted = cluster.delete_pod(names[victim])
+    # A 1 s grace period: the worker (PID 1, no SIGTERM handler) ignores SIGTERM, and with the default
+    # 30 s it would train on, finish with the others and exit 0 before it is killed.
+    deleted = cluster.delete_pod(names[victim], grace_s=1)
     job = wait_finished(cluster, 240)
     story = cluster.story()
     assert finished(job) == "Complete", story
@@ -170,7 +172,7 @@ def test_elastic_job_readmits_a_deleted_worker_pod(cluster: Kube) -> None:
 def test_job_outlives_a_deleted_coordinator_pod(cluster: Kube) -> None:
     """The coordinator's pod deleted mid-training: the Deployment makes a new one (new IP, same Service),
     the members re-register with it, and the Job completes."""
-    cluster.apply("base", run_script_patch(TRAIN_FOR, {"TRAIN_SECONDS": "40"}))
+    cluster.apply("base", run_script_patch(TRAIN_FOR, {"TRAIN_SECONDS": "30"}))
     wait_logged(cluster, 2, "training")
     (old,) = cluster.pods(COORDINATORS)
     deleted = cluster.delete_pod(old["metadata"]["name"])
@@ -203,12 +205,15 @@ def test_a_world_that_does_not_fit_the_node(cluster: Kube) -> None:
         return stuck or None
 
     unscheduled = cluster.until("a pod to be Unschedulable", pending, 60, cluster.story)
+    names = {i: p["metadata"]["name"] for i, p in by_index(cluster).items()}
+    for name in names.values():  # the Job controller deletes the pods at the deadline
+        cluster.follow(name)
     job = wait_finished(cluster, deadline + 60)
     story = cluster.story()
     failed = condition(job, "Failed")
     assert failed is not None and failed["reason"] == "DeadlineExceeded", story
     assert "deadline" in failed["message"], story
-    rank0 = cluster.logs(by_index(cluster)[0]["metadata"]["name"]) if 0 not in unscheduled else ""
+    rank0 = cluster.logs(names[0]) if 0 not in unscheduled else ""
     missing = ", ".join(str(i) for i in unscheduled)
     word = "rank" if len(unscheduled) == 1 else "ranks"
     assert f"not joined: {word} {missing}" in rank0, story
