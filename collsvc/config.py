@@ -8,6 +8,9 @@
 - Open MPI: ``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``
 - Slurm: ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID``
 - PMI (MPICH, Intel MPI): ``PMI_SIZE``, ``PMI_RANK``
+- Kubeflow Trainer: ``PET_NNODES`` x ``PET_NPROC_PER_NODE`` ranks, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` +
+  ``PET_MASTER_PORT`` (see :func:`operator_launch`)
+- Volcano: ``VC_TASK_INDEX``, ``VC_<TASK>_NUM``, ``VC_COORDINATOR_HOSTS`` (see :func:`operator_launch`)
 - Kubernetes Indexed Job: ``JOB_COMPLETION_INDEX`` as the rank
 
 Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this rank),
@@ -59,7 +62,7 @@ RANK_VARS = (
     "OMPI_COMM_WORLD_RANK",
     "SLURM_PROCID",
     "PMI_RANK",
-    "JOB_COMPLETION_INDEX",
+    "JOB_COMPLETION_INDEX",  # last: resolve_init consults the operators' variables (operator_launch) before it
 )
 LOCAL_RANK_VARS = ("COLLSVC_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 
@@ -101,6 +104,52 @@ def coordinator_from_env(env: Mapping[str, str]) -> str | None:
     if env.get("MASTER_ADDR"):
         return f"{env['MASTER_ADDR']}:{env.get('MASTER_PORT') or DEFAULT_PORT}"
     return None
+
+
+def operator_launch(env: Mapping[str, str]) -> tuple[str | None, int | None, int | None]:
+    """(coordinator, world size, rank) from a Kubernetes training operator's environment; None where it
+    sets none. Consulted after the launcher families above and before ``JOB_COMPLETION_INDEX``.
+
+    Kubeflow Trainer: ``PET_NNODES`` pods of ``PET_NPROC_PER_NODE`` processes (default 1) each, this pod
+    being ``PET_NODE_RANK``; the rank is ``PET_NODE_RANK * PET_NPROC_PER_NODE + local rank`` where the
+    local rank is known (``COLLSVC_LOCAL_RANK``/``LOCAL_RANK``, or 0 with one process per pod), else
+    left to the coordinator; the coordinator is ``PET_MASTER_ADDR:PET_MASTER_PORT``.
+
+    Volcano (its ``env`` and ``svc`` plugins): ``VC_TASK_INDEX`` is the rank within the task whose size
+    ``VC_<TASK>_NUM`` is the world size. The task is ``COLLSVC_VOLCANO_TASK`` (default: ``worker``, or
+    the job's only task other than ``coordinator``); the coordinator is the first host of
+    ``VC_COORDINATOR_HOSTS`` on port 29400, when the job has a task named ``coordinator``.
+
+    Raises:
+        ValueError: a variable is not an integer (``PET_NPROC_PER_NODE=auto`` included: collsvc needs
+            the count), or the Volcano task cannot be told.
+    """
+    if env.get("PET_NNODES"):
+        nodes = _int_from(env, ("PET_NNODES",)) or 0
+        per_node = _int_from(env, ("PET_NPROC_PER_NODE",)) or 1
+        node = _int_from(env, ("PET_NODE_RANK",))
+        local = _int_from(env, LOCAL_RANK_VARS)
+        if local is None and per_node == 1:
+            local = 0
+        rank = None if node is None or local is None else node * per_node + local
+        master = env.get("PET_MASTER_ADDR")
+        coordinator = f"{master}:{env.get('PET_MASTER_PORT') or DEFAULT_PORT}" if master else None
+        return coordinator, nodes * per_node, rank
+    if env.get("VC_TASK_INDEX"):
+        tasks = sorted(name[3:-4] for name in env if name.startswith("VC_") and name.endswith("_NUM") and len(name) > 7)
+        task = env.get("COLLSVC_VOLCANO_TASK", "").upper().replace("-", "_")
+        if not task:
+            others = [t for t in tasks if t != "COORDINATOR"]
+            task = "WORKER" if "WORKER" in tasks else (others[0] if len(others) == 1 else "")
+        if not task or f"VC_{task}_NUM" not in env:
+            raise ValueError(
+                f"Volcano job with tasks {', '.join(tasks) or '(none named)'}: set COLLSVC_VOLCANO_TASK to the "
+                "task whose pods are the ranks"
+            )
+        hosts = [h for h in env.get("VC_COORDINATOR_HOSTS", "").split(",") if h]
+        coordinator = f"{hosts[0]}:{DEFAULT_PORT}" if hosts else None
+        return coordinator, _int_from(env, (f"VC_{task}_NUM",)), _int_from(env, ("VC_TASK_INDEX",))
+    return None, None, None
 
 
 def read_token(token: str | None, env: Mapping[str, str]) -> str | None:
@@ -197,7 +246,8 @@ def resolve_init(
     from collsvc.options import InitOptions
 
     env = os.environ if env is None else env
-    coordinator = coordinator or coordinator_from_env(env)
+    operator_coordinator, operator_world, operator_rank = operator_launch(env)
+    coordinator = coordinator or coordinator_from_env(env) or operator_coordinator
     if not coordinator:
         raise ValueError(
             "no coordinator given: pass coordinator='host:port' or set COLLSVC_COORDINATOR "
@@ -207,11 +257,16 @@ def resolve_init(
     if world_size is None:
         world_size = _int_from(env, WORLD_SIZE_VARS)
     if world_size is None:
+        world_size = operator_world
+    if world_size is None:
         raise ValueError(f"no world size given: pass world_size= or set one of {', '.join(WORLD_SIZE_VARS)}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if rank is None:
-        rank = _int_from(env, RANK_VARS)
+        rank = _int_from(env, RANK_VARS[:-1])  # all but JOB_COMPLETION_INDEX, which comes after the operators
+    if rank is None:
+        # An operator's pod index is not the rank when its pods run several processes each.
+        rank = operator_rank if operator_world is not None else _int_from(env, ("JOB_COMPLETION_INDEX",))
     if rank is not None and not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside [0, {world_size})")
     if backend not in ("auto", "nccl", "ring"):

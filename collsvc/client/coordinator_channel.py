@@ -49,19 +49,37 @@ def heartbeat_keepalive(interval: float) -> tuple[float, float]:
     return max(interval, 0.1), max(3 * interval, 1.0)
 
 
-def make_channel(address: str, tls: TlsFiles | None, keepalive: tuple[float, float] | None = None) -> grpc.Channel:
+def make_channel(
+    address: str, tls: TlsFiles | None, keepalive: tuple[float, float] | None = None, *, own_connections: bool = False
+) -> grpc.Channel:
     """A channel to the coordinator (mutual TLS when ``tls`` is given).
 
     Args:
         address: ``host:port`` of the coordinator.
         tls: client TLS files, or None for plaintext.
         keepalive: (ping every, dead after) in seconds; None: the control-call defaults.
+        own_connections: connections of its own, never those of an earlier channel with the same
+            options (gRPC shares them process-wide by default): for a channel that replaces one whose
+            connection reached the wrong server or waits in a reconnect backoff.
     """
     ping_every, dead_after = keepalive or (CONTROL_PING_EVERY, CONTROL_DEAD_AFTER)
     options = [*CHANNEL_OPTIONS, *keepalive_options(ping_every, dead_after, idle=keepalive is not None)]
+    if own_connections:
+        options.append(("grpc.use_local_subchannel_pool", 1))
     if tls is not None:
         return grpc.secure_channel(address, channel_credentials(tls), options=options)
     return grpc.insecure_channel(address, options=options)
+
+
+def answered_by_a_stranger(exc: grpc.RpcError) -> bool:
+    """Whether an HTTP/2 server that is not a gRPC server answered the call (an HTTP status without a
+    gRPC one, e.g. "Received http2 header with status: 404").
+
+    A rank that starts before its cluster routes the coordinator's address meets such answers: a
+    Kubernetes Service IP that kube-proxy has not programmed yet leaves the node by its default route,
+    where a proxy or gateway may answer. The coordinator itself always answers with a gRPC status.
+    """
+    return "received http2 header with status" in ((exc.details() if hasattr(exc, "details") else "") or "").lower()
 
 
 # The standard health service answers without a token; an empty body asks about the whole server.

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from collsvc.client.coordinator_channel import answered_by_a_stranger
 from collsvc.client.failure_state import FailureState
 from collsvc.client.progress import ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
@@ -203,7 +204,8 @@ class Watcher:
                         "job %s rank %d: lost the coordinator (%s); retrying for %gs",
                         self._client.job_id, self._rank, cause, self._grace,
                     )  # fmt: skip
-                retriable = code in _RETRIABLE
+                stranger = isinstance(exc, grpc.RpcError) and answered_by_a_stranger(exc)
+                retriable = code in _RETRIABLE or stranger
                 if not retriable or now >= deadline:
                     if retriable and cause != broke_with:  # the grace period ran out: say what started it
                         cause = f"{broke_with}; {cause}"
@@ -215,6 +217,9 @@ class Watcher:
                     link.give_up(error)
                     self._watching.set()
                     return
+                if stranger:  # this connection reaches something other than the coordinator: a new one
+                    channel = self._client.renew_heartbeat_channel(self._interval)
+                    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
                 self._stopping.wait(0.2)  # reconnect backoff while the coordinator may be restarting
 
     def _handle(self, event: coordinator_pb2.WatchEvent) -> None:

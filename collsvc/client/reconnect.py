@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from collsvc.client.coordinator_channel import answered_by_a_stranger
 from collsvc.errors import REASON_METADATA_KEY, RendezvousError
 from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -29,6 +30,8 @@ def unreachable(exc: grpc.RpcError) -> bool:
     """Whether a failed call means the coordinator could not be reached (or went away mid-call), as
     opposed to an answer: the coordinator's own errors carry a reason, even those sent as UNAVAILABLE
     (a failed rank), and a refused TLS handshake names itself."""
+    if answered_by_a_stranger(exc):
+        return True  # not routed to the coordinator (yet, or for the moment): the call renews its connection
     if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return False
     trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None

@@ -5,7 +5,6 @@ All ``grpc.RpcError`` translation for coordinator calls happens in :meth:`Coordi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -16,14 +15,14 @@ from typing import Any
 
 import grpc
 
-from collsvc.client.coordinator_channel import TlsProbe, heartbeat_keepalive, make_channel
+from collsvc.client.coordinator_channels import CoordinatorChannels
 from collsvc.client.join_relay import RelayedJoin, join_through_relay
 from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.client.relay_wire import RELAY_ENV
-from collsvc.errors import CollectiveTimeoutError, RendezvousError, error_from_rpc
+from collsvc.errors import CollectiveTimeoutError, CollsvcError, RendezvousError, error_from_rpc
 from collsvc.options import TlsFiles
-from collsvc.proto.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from collsvc.proto.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ def waiting_from_proto(entries: Any) -> list[dict[str, Any]]:
     return [{"rank": w.rank, "host": w.host, "last_op": w.last_op, "finished_seq": w.finished_seq} for w in entries]
 
 
-class CoordinatorClient:
+class CoordinatorClient(CoordinatorChannels):
     """Blocking calls to one coordinator for one job.
 
     Every method raises the collsvc error the coordinator named (see ``collsvc.errors``), or
@@ -55,17 +54,9 @@ class CoordinatorClient:
         timeout: float,
         join_timeout: float | None = None,
     ) -> None:
-        self.address = address
-        self.job_id = job_id
-        self.timeout = timeout  # any one control call or collective step
+        super().__init__(address, job_id, tls, timeout)
         self.join_timeout = timeout if join_timeout is None else join_timeout  # waiting for every member
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        self.tls = tls
-        self.channel = make_channel(address, tls)
-        self.stub = coordinator_pb2_grpc.CoordinatorStub(self.channel)
-        self._heartbeat_channel: grpc.Channel | None = None
-        self._tls_probe = TlsProbe(self.channel, min(timeout, 5.0))
-        self._heartbeat_ready: grpc.Future[None] | None = None  # see connect_ahead
         self.rank: int | None = None
         self.member_secret = ""
         self.link = CoordinatorLink()
@@ -78,38 +69,14 @@ class CoordinatorClient:
         where = f"{what} (coordinator {self.address}, job '{self.job_id}')"
 
         def send(remaining: float) -> Any:
-            return getattr(self.stub, method)(request, timeout=remaining, metadata=self.metadata, wait_for_ready=wait)
+            stub = self.stub
+            with self._renewing_on_strangers(stub, where):
+                return getattr(stub, method)(request, timeout=remaining, metadata=self.metadata, wait_for_ready=wait)
 
         try:
             return self.link.call(send, time.monotonic() + limit, where, self._connected)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, where) from exc
-
-    def _connected(self, seconds: float) -> bool:
-        """Waits up to ``seconds`` for the control channel to connect; returns whether it did."""
-        ready = grpc.channel_ready_future(self.channel)
-        try:
-            ready.result(timeout=max(seconds, 0.0))
-        except grpc.FutureTimeoutError:
-            return False
-        finally:
-            ready.cancel()
-        return True
-
-    def connect_ahead(self, heartbeat_interval: float) -> None:
-        """Starts both connections to the coordinator now and returns at once.
-
-        The control connection opens with the first TLS probe of :meth:`join` (its answer is read
-        there), and the heartbeat stream's connection (:meth:`heartbeat_channel`) opens beside it, so
-        that both handshakes run while this process does other work (serving its peer endpoint,
-        waiting in Join) rather than one after the other before and after the Join.
-
-        Args:
-            heartbeat_interval: the member's heartbeat interval (the heartbeat channel's keepalive pace).
-        """
-        self._tls_probe.send()
-        if self._heartbeat_ready is None:
-            self._heartbeat_ready = grpc.channel_ready_future(self.heartbeat_channel(heartbeat_interval))
 
     def join(
         self,
@@ -151,9 +118,12 @@ class CoordinatorClient:
             except grpc.RpcError as exc:
                 # The connection broke (the coordinator restarted, say): send the same Join again; its
                 # idempotency key makes a coordinator that still has it find the same member.
+                if self._stranger_answered(exc, deadline, "join"):
+                    continue
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
                     raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
                 log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
+        self._drop_unconnected_heartbeat_channel()
         return self._joined(reply)
 
     def _joined(self, reply: coordinator_pb2.JoinResponse) -> coordinator_pb2.JoinResponse:
@@ -308,8 +278,16 @@ class CoordinatorClient:
             RendezvousError: the coordinator did not answer in time.
         """
         request = coordinator_pb2.GetKeyRequest(job_id=self.job_id, key=key, wait=False)
-        reply = self._call("GetKey", request, f"look up key {key!r}", timeout=timeout, wait=True)
-        return bytes(reply.value) if reply.found else None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reply = self._call("GetKey", request, f"look up key {key!r}", timeout=timeout, wait=True)
+                return bytes(reply.value) if reply.found else None
+            except CollsvcError as exc:
+                cause = exc.__cause__
+                if not (isinstance(cause, grpc.RpcError) and self._stranger_answered(cause, deadline, "lookup")):
+                    raise
+                timeout = max(deadline - time.monotonic(), 0.01)
 
     def add(self, key: str, amount: int) -> int:
         reply = self._call(
@@ -380,20 +358,3 @@ class CoordinatorClient:
             self._call("Leave", request, "leave", timeout=max(deadline - time.monotonic(), 0.1))
         except Exception as exc:  # noqa: BLE001 - leaving is best effort; the coordinator also sees the stream end
             log.info("job %s rank %s: leave was not acknowledged: %s", self.job_id, self.rank, exc)
-
-    def heartbeat_channel(self, interval: float) -> grpc.Channel:
-        """The channel of the heartbeat stream: its own connection, pinged at the heartbeat pace (see
-        :func:`heartbeat_keepalive`), so that a silently dead path breaks the stream within a few
-        intervals. Created on first use."""
-        if self._heartbeat_channel is None:
-            self._heartbeat_channel = make_channel(self.address, self.tls, heartbeat_keepalive(interval))
-        return self._heartbeat_channel
-
-    def close(self) -> None:
-        self._tls_probe.cancel()
-        if self._heartbeat_ready is not None:
-            with contextlib.suppress(Exception):  # grpc may raise from cancel() once its channel closed
-                self._heartbeat_ready.cancel()
-        self.channel.close()
-        if self._heartbeat_channel is not None:
-            self._heartbeat_channel.close()

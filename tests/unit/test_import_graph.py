@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "collsvc.client.peer_address",
             "collsvc.client.reconnect",
             "collsvc.client.coordinator_channel",
+            "collsvc.client.coordinator_channels",
             "collsvc.client.progress",
             "collsvc.client.failure_state",
             "collsvc.client.devices",
