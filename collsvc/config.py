@@ -343,3 +343,10 @@ def shm_barriers(env: Mapping[str, str] | None = None) -> str:
         ValueError: another value.
     """
     return _choice(os.environ if env is None else env, "COLLSVC_SHM_BARRIERS", SHM_BARRIER_KINDS)
+
+
+def nccl_blocking_wait(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a GPU collective on NCCL waits on the host until the GPU finished it
+    (``COLLSVC_NCCL_BLOCKING_WAIT=1``, like torch's ``TORCH_NCCL_BLOCKING_WAIT``); by default it returns
+    once enqueued and a watchdog thread watches completion and the deadline (docs/gpu.md)."""
+    return (os.environ if env is None else env).get("COLLSVC_NCCL_BLOCKING_WAIT", "") not in ("", "0")

@@ -3,8 +3,12 @@
 One NCCL communicator per group, created on the group's first call (``group_comm.py``), each with its own
 CUDA stream. Every operation is stream-ordered with the caller: the NCCL stream waits on an event
 recorded on the caller's current stream before the operation, and the caller's stream waits on the
-operation's completion event after it. The calling thread then waits for that event with the call's
-deadline (``watchdog.py``), so a dead peer becomes an error instead of a spinning kernel.
+operation's completion event after it. The call then returns, as on torch's NCCL backend: the backend's
+watchdog thread watches that event against the call's deadline and the job's failure (``watchdog.py``);
+on a failure it aborts every communicator, so a dead peer becomes an error instead of a spinning
+kernel, and the next call, ``Work.wait()`` or :meth:`NcclBackend.synchronize` raises it. With
+``COLLSVC_NCCL_BLOCKING_WAIT=1`` every call waits for its operation on the host instead. Repeated calls
+of one signature reuse their plan (``repeat.py``).
 
 Arrays arrive flat and contiguous; the logical dtype comes from ``call.signature.dtype`` (bfloat16 comes
 as a uint16 view because CuPy has no bfloat16). Data-movement collectives move raw bytes; reductions are
@@ -13,6 +17,7 @@ planned in ``dtypes.py``. Group indices (``root``, ``dst``, ``src``) are NCCL ra
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -37,7 +42,8 @@ from collsvc.client.backends.nccl.watchdog import (
     as_collsvc_error,
     wait_for,
 )
-from collsvc.errors import BackendUnavailableError, CollsvcError
+from collsvc.config import nccl_blocking_wait
+from collsvc.errors import AbortedError, BackendUnavailableError, CollsvcError, RankFailedError
 from collsvc.types import ReduceOp
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,10 @@ log = logging.getLogger(__name__)
 __all__ = ["Barrier", "FailureSource", "KeyValueLike", "NcclBackend"]
 
 _Body = Callable[[GroupComm, int], None]
+Report = Callable[[Any, CollsvcError], CollsvcError]
+# How long a call that finds the backend broken waits for the failure's report (who is late) before
+# raising the error as found.
+_REPORT_WAIT_S = 10.0
 
 
 class NcclBackend:
@@ -62,6 +72,11 @@ class NcclBackend:
         watchdog_grace: seconds past a deadline before the watchdog aborts an operation stuck inside NCCL.
         device: the CUDA ordinal this member reported when it joined (what the one-GPU-per-rank check
             ran on); arrays on another GPU are rejected. None accepts any GPU.
+        blocking: whether each call waits on the host until the GPU finished it; None: from
+            ``COLLSVC_NCCL_BLOCKING_WAIT`` (default: no, it returns once enqueued).
+        report: ``report(call, error)`` for a failure the watchdog found after the call returned (a
+            timeout, NCCL's error): returns the error to raise from then on (the Job's ``on_failure``:
+            it names the late ranks and records the job's failure). None: the error as found.
 
     Raises:
         BackendUnavailableError: no CuPy, no NCCL library or no GPU here (the message has the fix).
@@ -80,6 +95,8 @@ class NcclBackend:
         *,
         watchdog_grace: float = 1.0,
         device: int | None = None,
+        blocking: bool | None = None,
+        report: Report | None = None,
     ) -> None:
         self._cp, self._nccl = load_cupy()
         self.rank = rank
@@ -98,7 +115,10 @@ class NcclBackend:
         self._state_lock = threading.Lock()
         self._broken: CollsvcError | None = None
         self._closed = False
-        self._watchdog = Watchdog(failure, grace=watchdog_grace)
+        self._watchdog = Watchdog(failure)
+        self._blocking = nccl_blocking_wait() if blocking is None else blocking
+        self._report = report
+        self._reported = threading.Event()  # set once the error in _broken is final (reported)
         self._blocks = Blocks(self._cp, self._nccl)
 
     # ----------------------------------------------------------------- collectives
@@ -261,7 +281,8 @@ class NcclBackend:
             if self._closed:
                 return
             self._closed = True
-            broken = self._broken is not None
+            # ncclCommDestroy may wait for operations that can never finish (a peer left): abort those.
+            broken = self._broken is not None or bool(self._watchdog.unfinished())
         self._watchdog.stop()
         with self._init_lock:
             comms = list(self._comms.values())
@@ -278,13 +299,23 @@ class NcclBackend:
     # ----------------------------------------------------------------- the template
 
     def _run(self, call: Call, nbytes: int, arrays: list[Any], body: _Body) -> None:
-        """Checks, ordering, the completion wait and error mapping, written once for every op."""
+        """Checks, ordering, the completion watch and error mapping, written once for every op."""
         self._check_usable()
         if nbytes == 0:
             return  # every member has the same signature, so every member skips
         device = next(int(a.device.id) for a in arrays if a is not None)
         if any(a is not None and int(a.device.id) != device for a in arrays):
             raise ValueError(f"{call.signature.op}: all arrays must be on the same GPU")
+        self._check_device(call, device)
+        gc = self._comm_for(call, device)
+        sig = call.signature
+        description = functools.partial(
+            describe, sig.op, sig.dtype, sig.shape, sig.reduce_op, call.group.name, call.seq
+        )
+        pending = Pending(description, call.deadline, call.timeout or self._timeout, self._failed, call=call)
+        self.launch(gc, pending, body, (gc,))
+
+    def _check_device(self, call: Call, device: int) -> None:
         if self._device is not None and device != self._device:
             raise ValueError(
                 f"rank {self.rank}: {call.signature.op} got an array on GPU {device}, but this rank reported GPU "
@@ -292,53 +323,136 @@ class NcclBackend:
                 f"one-GPU-per-rank check ran on that; select it before allocating: "
                 f"cupy.cuda.Device({self._device}).use() or torch.cuda.set_device({self._device})"
             )
-        gc = self._comm_for(call, device)
-        sig = call.signature
-        desc = describe(sig.op, sig.dtype, sig.shape, sig.reduce_op, call.group.name, call.seq)
-        pending = Pending(desc, call.deadline, self._timeout, self._break)
+
+    def launch(self, gc: GroupComm, pending: Pending, enqueue: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """Enqueues one operation on ``gc``'s stream, ordered after the caller's current stream and
+        before what the caller queues next, and has the watchdog watch it as ``pending``; returns once
+        enqueued (in blocking mode: once the GPU finished it).
+
+        Args:
+            pending: the operation's record (description, deadline, timeout, call); armed here.
+            enqueue: ``enqueue(*args, stream pointer)`` issues the NCCL calls.
+
+        Raises:
+            CollsvcError (RankFailedError, AbortedError, CollectiveTimeoutError, ...): this backend broke
+                earlier, NCCL refused the call, or (blocking mode) the operation failed.
+        """
+        if self._broken is not None or self._closed:
+            self._check_usable()
+        pending.on_fail = self._failed
+        pending.check_async = gc.check_async
+        if self._blocking:
+            pending.act_at = pending.deadline + self._grace
         cuda = self._cp.cuda
-        with cuda.Device(device):
+        lane = gc.lane
+        with cuda.Device(gc.device):
             caller = cuda.get_current_stream()
-            ready = cuda.Event(disable_timing=True)
-            ready.record(caller)
-            gc.stream.wait_event(ready)
-            self._watchdog.watch(pending)
+            watchdog = self._watchdog
+            watchdog.watch(pending, lane)  # already: a call stuck inside NCCL is aborted too
             try:
-                try:
-                    with gc.lock:
-                        if gc.aborted:
-                            raise pending.fail(self._broken or CollsvcError(f"nccl {desc}: communicator aborted"))
-                        body(gc, int(gc.stream.ptr))
+                with gc.lock:
+                    if gc.aborted:
+                        raise pending.fail(
+                            self._broken or CollsvcError(f"nccl {pending.description}: communicator aborted")
+                        )
+                    ready = gc.ready  # reused: a stream waits on the event's state when it is told to
+                    ready.record(caller)
+                    stream = gc.stream
+                    stream.wait_event(ready)
+                    enqueue(*args, gc.stream_ptr)
                     done = cuda.Event(disable_timing=True)
-                    done.record(gc.stream)
-                except CollsvcError:
-                    raise
-                except Exception as exc:
-                    error = CollsvcError(f"nccl {desc} failed: {exc}")
-                    error.__cause__ = exc
-                    raise pending.fail(error) from exc
-                wait_for(
-                    lambda: bool(done.done),
-                    pending,
-                    failure=self._failure,
-                    broken=lambda: self._broken,
-                    check_async=gc.check_async,
-                )
-                caller.wait_event(done)
-            finally:
-                self._watchdog.forget(pending)
+                    done.record(stream)
+            except CollsvcError:
+                watchdog.forget(pending, lane)
+                self._raise_broken()
+                raise
+            except Exception as exc:
+                watchdog.forget(pending, lane)
+                error = CollsvcError(f"nccl {pending.description} failed: {exc}")
+                error.__cause__ = exc
+                raise pending.fail(error) from exc
+            pending.event = done
+            caller.wait_event(done)
+            if self._blocking:
+                self._wait(pending)
+
+    def _wait(self, pending: Pending) -> None:
+        """Waits on this thread until ``pending`` finished; raises as :func:`wait_for`."""
+        wait_for(
+            pending.done,
+            pending,
+            failure=self._failure,
+            broken=lambda: self._broken,
+            check_async=pending.check_async,
+        )
+
+    def synchronize(self) -> None:
+        """Blocks until every operation enqueued so far finished on the GPU, each bounded by its own
+        deadline.
+
+        Raises:
+            CollectiveTimeoutError / RankFailedError / AbortedError / CollsvcError: an operation failed,
+                now or earlier (the same error the next call raises).
+        """
+        for pending in self._watchdog.unfinished():
+            try:
+                self._wait(pending)
+            except CollsvcError:
+                self._raise_broken()
+                raise
+        self._raise_broken()
+
+    def settle(self) -> None:
+        """What ``Work.wait()`` does after an asynchronous GPU call was enqueued: raises the error of
+        a failure the watchdog found (the backend is aborted then); in blocking mode, first waits as
+        :meth:`synchronize`.
+
+        Raises:
+            CollsvcError: as :meth:`synchronize`.
+        """
+        if self._blocking:
+            self.synchronize()
+        self._raise_broken()
+
+    def _raise_broken(self) -> None:
+        """Raises the error that broke this backend, once it was reported (with who is late), if any."""
+        if self._broken is not None:
+            self._reported.wait(_REPORT_WAIT_S)
+            raise self._broken
 
     def _check_usable(self) -> None:
-        if self._broken is not None:
-            raise self._broken
+        self._raise_broken()
         if self._closed:
             raise CollsvcError("the nccl backend is closed")
 
-    def _break(self, error: CollsvcError) -> None:
+    def _failed(self, error: CollsvcError, pending: Pending) -> None:
+        """A watched operation failed: aborts everything at once; an error the job does not know yet
+        (a timeout, NCCL's own) of an operation whose caller is gone is then reported through
+        ``report`` (which asks who is late and records it as the job's failure)."""
+        report = self._report
+        unknown = self._failure.error() is None and not isinstance(error, (RankFailedError, AbortedError))
+        if self._blocking or not unknown or pending.made_call() is None:
+            report = None  # a waiting caller's Job reports it; the job knows its own failures
+        if not self._break(error, reporting=report is not None) or report is None:
+            return
+        try:
+            reported = report(pending.made_call(), error)
+        except Exception:
+            log.exception("rank %d: reporting %s failed", self.rank, error)
+            reported = error
+        with self._state_lock:
+            self._broken = reported
+        self._reported.set()
+
+    def _break(self, error: CollsvcError, *, reporting: bool = False) -> bool:
+        """Marks the backend broken with ``error``, aborts every communicator and fails what is still
+        watched; False when it was broken already."""
         with self._state_lock:
             if self._broken is not None:
-                return
+                return False
             self._broken = error
+        if not reporting:
+            self._reported.set()
         log.error("rank %d: NCCL backend aborted: %s", self.rank, error)
         for gc in list(self._comms.values()):
             try:
@@ -346,6 +460,7 @@ class NcclBackend:
             except Exception as exc:
                 log.warning("rank %d: ncclCommAbort of group %r failed: %s", self.rank, gc.group.name, exc)
         self._watchdog.fail_all(error)
+        return True
 
     def _comm_for(self, call: Call, device: int) -> GroupComm:
         group = call.group
@@ -373,6 +488,37 @@ class NcclBackend:
         if gc.device != device:
             raise ValueError(f"group {group.name!r} runs on GPU {gc.device}; this array is on GPU {device}")
         return gc
+
+    # ----------------------------------------------------------------- for the fast path (repeat.py)
+
+    @property
+    def cupy(self) -> Any:
+        """The ``cupy`` module this backend runs on."""
+        return self._cp
+
+    @property
+    def array_type(self) -> type:
+        """The type of this CuPy's arrays."""
+        return type(self._cp.empty((0,), dtype="float32"))
+
+    def native_all_reduce(self, signature: Any, op: ReduceOp, size: int) -> tuple[int, int, int] | None:
+        """``(count, NCCL dtype, NCCL op)`` of an all_reduce of ``signature`` that is one native NCCL
+        call; None where it is more (a fold, a division) or not allowed."""
+        try:
+            plan = plan_reduction(op, signature.dtype, self._version, self._has_avg)
+        except TypeError:
+            return None
+        if plan.mode is not Mode.NATIVE:
+            return None
+        return size * plan.factor, self._attr(plan.nccl_dtype), self._attr(plan.nccl_op)
+
+    def existing_comm(self, group: Any, device: int) -> GroupComm | None:
+        """The communicator of ``group`` (a ``GroupSpec``) on ``device`` if a call created it and this
+        backend is usable; None otherwise."""
+        if self._broken is not None or self._closed or (self._device is not None and device != self._device):
+            return None
+        gc = self._comms.get(group.name)
+        return gc if gc is not None and gc.group.ranks == group.ranks and gc.device == device else None
 
     # ----------------------------------------------------------------- helpers
 
