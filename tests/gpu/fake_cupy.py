@@ -162,6 +162,10 @@ class NcclCommunicator:
         return np.asarray(result).astype(dtype)
 
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:  # noqa: N802
+        if self.world.size == 1:  # every reduction of one member is that member's data: NCCL copies it
+            if sendbuf != recvbuf:
+                ctypes.memmove(recvbuf, sendbuf, count * DTYPES[datatype](0).itemsize)
+            return
         _write(recvbuf, self._reduce_all(sendbuf, count, datatype, op).tobytes())
 
     def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None:
@@ -365,9 +369,14 @@ def _wrap(a: Any) -> ndarray:
 class _CurrentDevice:
     """``cupy.cuda.Device(index)``: a context manager, with the attributes the device probe reads."""
 
+    __slots__ = ("id",)
+
     def __init__(self, index: int | None = None) -> None:
         self.id = 0 if index is None else index
-        self.pci_bus_id = f"0000:{self.id:02x}:00.0"
+
+    @property
+    def pci_bus_id(self) -> str:
+        return f"0000:{self.id:02x}:00.0"
 
     def __enter__(self) -> _CurrentDevice:
         return self
