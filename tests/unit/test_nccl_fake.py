@@ -557,3 +557,21 @@ def test_the_communicator_on_the_stand_in_takes_the_gpu_fast_path_and_raises_def
     assert seen["returned_in_s"] < 1.0  # both calls returned while the operation was stuck (timeout 2 s)
     assert seen["synchronize"] == seen["work_wait"] == seen["job_failure"] == "CollectiveTimeoutError"
     assert "all_reduce #11 in group 'world' timed out after 2s on rank 0" in seen["next_call"]
+
+
+def test_closing_with_work_in_flight_aborts_rather_than_destroys() -> None:
+    """ncclCommDestroy could wait forever for an operation whose peer left; a clean close does not abort."""
+    (b,) = make_backends(1)
+    buf = device(np.ones(4, np.float32))
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    fake_cupy.hold()
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum", seq=2), buf, ReduceOp.SUM)
+    gc = b._comms["world"]
+    b.close()
+    assert gc.comm.aborted
+    fake_cupy.Gate(True).release()
+    (clean,) = make_backends(1)
+    clean.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    gc = clean._comms["world"]
+    clean.close()
+    assert not gc.comm.aborted

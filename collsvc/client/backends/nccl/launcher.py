@@ -62,7 +62,7 @@ class Launcher:
                 return
             self._closed = True
             # ncclCommDestroy may wait for operations that can never finish (a peer left): abort those.
-            broken = self._broken is not None or bool(self._watchdog.unfinished())
+            broken = self._broken is not None or any(not p.done() for p in self._watchdog.unfinished())
         self._watchdog.stop()
         with self._init_lock:
             comms = list(self._comms.values())
