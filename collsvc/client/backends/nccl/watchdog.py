@@ -224,6 +224,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._lanes: dict[int, deque[Pending]] = {}
         self._stop = threading.Event()
+        self._work = threading.Event()  # set when an operation is watched while none was: the thread wakes
         self._thread: threading.Thread | None = None
 
     def watch(self, pending: Pending, lane: int = 0) -> None:
@@ -235,7 +236,10 @@ class Watchdog:
                 if self._thread is None and not self._stop.is_set():
                     self._thread = threading.Thread(target=self._run, name="collsvc-nccl-watchdog", daemon=True)
                     self._thread.start()
+        idle = not queue
         queue.append(pending)  # one bytecode: atomic against the watchdog's popleft
+        if idle:
+            self._work.set()
         if len(queue) > _PRUNE_AT:
             with self._lock:  # never beside the watchdog's own pruning: both pop the front
                 _drop_finished(queue)
@@ -259,6 +263,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._work.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
@@ -285,6 +290,11 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            if not any(list(self._lanes.values())):  # nothing in flight: sleep until something is
+                self._work.clear()
+                if not any(list(self._lanes.values())):
+                    self._work.wait()
+                continue
             try:
                 self.check_once(time.monotonic())
             except Exception:  # the watchdog must outlive any one bad round
