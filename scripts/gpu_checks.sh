@@ -34,10 +34,6 @@ EOF
 status=${PIPESTATUS[0]}
 
 timeout 120 "$py" benchmarks/nccl_overhead.py --sizes 4K,1M,16M,256M --iters 50 2>&1 | tee "$out/nccl_overhead.txt"
-# The same with every call waiting on the host (the behaviour before calls returned once enqueued).
-# (The host cost on CPU through the stand-in, `nccl_overhead.py --stand-in`, runs in CPU CI's smoke run.)
-COLLSVC_NCCL_BLOCKING_WAIT=1 timeout 120 "$py" benchmarks/nccl_overhead.py --sizes 4K,1M --iters 50 2>&1 \
-    | tee "$out/nccl_overhead_blocking.txt"
 timeout 120 "$py" benchmarks/torch_cuda.py --sizes 4K,64K,1M,16M,256M --iters 50 2>&1 | tee "$out/torch_cuda.txt"
 timeout 120 "$py" -m collsvc bench -n 1 --device cuda --backend nccl --op all_reduce --sizes 4K:256M \
     2>&1 | tee "$out/bench_nccl.txt"

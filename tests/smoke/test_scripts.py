@@ -53,19 +53,22 @@ def collsvc_run(n: int, path: str, *args: str) -> tuple[str, ...]:
     return ("-m", "collsvc", "run", "-n", str(n), path, *args)
 
 
-# The goal for collsvc's host cost per comm.all_reduce of a 4 KiB CuPy array on NCCL (docs/performance.md),
-# in microseconds of the quiet reference machine; the smoke run allows 50 % more for CI noise (the figure
-# is already scaled by the machine's speed as the benchmark measured it between its rounds).
+# The goal for collsvc's host cost per comm.all_reduce of a 4 KiB CuPy array on NCCL, through the stand-in
+# (docs/performance.md). The smoke run checks the benchmark's quietest round against it with 50 % headroom
+# for CI noise, and allows proportionally more on a machine more than twice as slow as the quiet reference
+# (sum(range(10)) in 285 ns) at its fastest during the run.
 NCCL_HOST_COST_GOAL_US = 8.0
 NCCL_HOST_COST_HEADROOM = 1.5
 
 
 def nccl_host_cost_goal(stdout: str) -> None:
     """collsvc's host cost per comm.all_reduce through the NCCL stand-in meets the goal, with headroom."""
-    scaled = next(line for line in stdout.splitlines() if line.startswith("collsvc's cost scaled"))
-    cost = float(scaled.rsplit("comm.all_reduce", 1)[1].split()[0])
-    assert cost <= NCCL_HOST_COST_GOAL_US * NCCL_HOST_COST_HEADROOM, stdout
-    assert stdout.strip().splitlines()[-1].startswith("host cost per call: comm.all_reduce "), stdout
+    lines = stdout.splitlines()
+    best = float(next(line for line in lines if "(best round" in line).split("(best round")[1].split()[0])
+    speed_ns = float(next(line for line in lines if line.startswith("machine speed:")).split("takes")[1].split()[0])
+    slowness = max(1.0, speed_ns / (2 * 285))
+    assert best <= NCCL_HOST_COST_GOAL_US * NCCL_HOST_COST_HEADROOM * slowness, stdout
+    assert lines[-1].startswith("host cost per call: comm.all_reduce "), stdout
 
 
 SMOKE: dict[str, Smoke] = {
