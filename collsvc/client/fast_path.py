@@ -25,7 +25,9 @@ and reduce_scatter: other than a C-contiguous array of the result's shape apart 
 read-only array, a tensor numpy cannot view (CUDA, bfloat16, one that requires grad), calls queued on the
 worker thread, or a job recording its timeline. A tensor's result comes back as the general path gives
 it: ``out`` itself, or a new CPU tensor sharing the result's memory.
-``COLLSVC_FAST_PATH=0`` sends every call the general way.
+``COLLSVC_FAST_PATH=0`` sends every call the general way. Repeated all_reduce calls of CuPy arrays on a
+job on NCCL have their own fast path (``backends/nccl/repeat.py``), which :meth:`RepeatedCalls.run` and
+:meth:`RepeatedCalls.learn` hand them to.
 """
 
 from __future__ import annotations
