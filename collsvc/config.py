@@ -437,3 +437,10 @@ def mpirun_local_job(env: Mapping[str, str] | None = None) -> tuple[str, int, st
     key = hashlib.sha256(f"{job}|{mpirun}".encode()).hexdigest()[:16]
     folder = env.get("OMPI_MCA_orte_jobfam_session_dir") or env.get("PMIX_SERVER_TMPDIR") or tempfile.gettempdir()
     return key, _int_from(env, ("OMPI_COMM_WORLD_LOCAL_RANK",)) or 0, folder
+
+
+def nccl_blocking_wait(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a GPU collective on NCCL waits on the host until the GPU finished it
+    (``COLLSVC_NCCL_BLOCKING_WAIT=1``, like torch's ``TORCH_NCCL_BLOCKING_WAIT``); by default it returns
+    once enqueued and a watchdog thread watches completion and the deadline (docs/gpu.md)."""
+    return (os.environ if env is None else env).get("COLLSVC_NCCL_BLOCKING_WAIT", "") not in ("", "0")

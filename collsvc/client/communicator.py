@@ -20,10 +20,10 @@ from collsvc.client import any_source, bucketing, objects, ops
 from collsvc.client.backends.base import Backend, Call, GroupSpec
 from collsvc.client.devices import caller_gpu_context
 from collsvc.client.fast_path import BARRIER, NOT_RUN, RepeatedCalls
+from collsvc.client.gpu_sync import GpuSync
 from collsvc.client.job import Job
 from collsvc.client.job_handle import JobHandle
 from collsvc.client.numbering import StreamNumbers
-from collsvc.client.work import Work
 from collsvc.errors import AbortedError, CollsvcError
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.types import ReduceOp
@@ -32,7 +32,7 @@ T = TypeVar("T")
 WORLD = "world"
 
 
-class Communicator:
+class Communicator(GpuSync):
     """A group of ranks that run collectives together.
 
     Attributes:
@@ -110,7 +110,6 @@ class Communicator:
         seq = self._numbers.next(stream)
         backend = self._job.backend_for(planned.on_gpu)
         group = planned.spec or self._spec
-        description = signature.text
         # CuPy arrays (on either backend) may run on the worker thread: take the caller's device and stream.
         gpu_context = caller_gpu_context() if "cupy" in sys.modules else None
         job = self._job
@@ -119,8 +118,7 @@ class Communicator:
             return job.execute(group, stream, seq, signature, timeout, body, backend, gpu_context)
 
         if async_op:
-            late = functools.partial(job.late_for, group, stream, seq, signature)
-            return Work(self._executor.submit(execute), f"{description} #{seq} in group '{self.name}'", late)
+            return self._async_work(execute, group, stream, seq, signature, backend)
         return self._executor.run(execute)
 
     def _learned(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, planned: ops.Planned) -> Any:

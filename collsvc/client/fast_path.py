@@ -25,7 +25,9 @@ and reduce_scatter: other than a C-contiguous array of the result's shape apart 
 read-only array, a tensor numpy cannot view (CUDA, bfloat16, one that requires grad), calls queued on the
 worker thread, or a job recording its timeline. A tensor's result comes back as the general path gives
 it: ``out`` itself, or a new CPU tensor sharing the result's memory.
-``COLLSVC_FAST_PATH=0`` sends every call the general way.
+``COLLSVC_FAST_PATH=0`` sends every call the general way. Repeated all_reduce calls of CuPy arrays on a
+job on NCCL have their own fast path (``backends/nccl/repeat.py``), which :meth:`RepeatedCalls.run` and
+:meth:`RepeatedCalls.learn` hand them to.
 """
 
 from __future__ import annotations
@@ -160,11 +162,13 @@ class RepeatedCalls:
         self._failure, self._departures, self._executor = job.failure, job.departed, job.executors.of(spec.name)
         self._known: dict[_Key, RepeatedCall | None] = {}
         self._enabled = fast_path_enabled()
+        self._gpu = gpu_calls(job, spec, stream) if self._enabled else None  # CuPy arrays on NCCL
 
     def close(self) -> None:
         """The Communicator closed: every later call takes the general path (which raises that)."""
         self._enabled = False
         self._known = {}
+        self._gpu = None
 
     def _check(self) -> None:
         """Raises what the Communicator's usability check raises (the job's failure, a member's departure,
@@ -186,7 +190,13 @@ class RepeatedCalls:
         if async_op:
             return NOT_RUN
         if type(x) is not np.ndarray:
-            return self._run_tensor(kind, x, arg, out)
+            gpu = None if self._gpu is None else self._gpu.run(kind, x, arg, out)
+            if gpu is None:
+                return self._run_tensor(kind, x, arg, out)
+            if self._executor.queued:
+                return NOT_RUN
+            self._check()
+            return gpu.run(self._number(), x, out)
         try:
             # Only calls that _may_repeat are learned, so an argument of another type finds nothing.
             repeated = self._known.get((kind, x.dtype, x.shape, arg))
@@ -246,6 +256,8 @@ class RepeatedCalls:
         Raises:
             TypeError / ValueError: a bad op or root.
         """
+        if self._gpu is not None and not async_op and self._gpu.learn(kind, x, arg, out, signature):
+            return
         if type(x) is not np.ndarray and not async_op:  # a CPU torch tensor: the path of its view
             views = _tensor_views(x, out)
             if views is None:
@@ -260,6 +272,15 @@ class RepeatedCalls:
             self._known.clear()
         prepared = _prepare(kind, self._job, self._spec, self._stream, signature, x, arg) if self._enabled else None
         self._known[key] = prepared
+
+
+def gpu_calls(job: Job, spec: GroupSpec, stream: str) -> Any:
+    """The GPU fast path's calls of a Communicator (``backends/nccl/repeat.py``) on a job on NCCL, else None."""
+    if job.nccl is None:
+        return None
+    from collsvc.client.backends.nccl.repeat import GpuRepeatedCalls
+
+    return GpuRepeatedCalls(job, spec, stream)
 
 
 def _tensor_views(x: Any, out: Any) -> tuple[np.ndarray, np.ndarray | None] | None:

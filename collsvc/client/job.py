@@ -118,6 +118,7 @@ class Job:
                 timeout=self.options.timeout,
                 failure=self.failure,
                 device=next(m.device.index for m in self.members if m.rank == self.rank),
+                report=self.on_failure,  # a failure found after the call returned: named and recorded
             )
         self.backend_name = name
 

@@ -26,6 +26,9 @@ class Work(Generic[T]):
         description: the operation as errors name it.
         late: the ranks the operation still waits for (``CollectiveTimeoutError.waiting_on`` entries),
             asked when a wait gives up; None: not known.
+        settle: run by ``wait()`` and ``result()`` once the operation returned: a GPU operation on NCCL
+            returns once enqueued, and this raises what the backend's watchdog found since (in
+            blocking mode it first waits for the GPU).
     """
 
     def __init__(
@@ -33,24 +36,30 @@ class Work(Generic[T]):
         future: concurrent.futures.Future[T],
         description: str,
         late: Callable[[], list[dict[str, Any]]] | None = None,
+        settle: Callable[[], None] | None = None,
     ) -> None:
         self._future = future
         self._description = description
         self._late = late
+        self._settle = settle
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Blocks until the operation finished; returns True.
+        """Blocks until the operation finished (a GPU operation: until it is enqueued and ordered on the
+        caller's stream, as torch's NCCL ``Work.wait()``); returns True.
 
         Raises:
             CollectiveTimeoutError: ``timeout`` seconds passed first (the operation keeps running and
                 is still bounded by the communicator's own timeout); ``waiting_on`` names the ranks it
                 still waits for, where they are known.
-            CollsvcError: the operation failed (the same error every rank sees).
+            CollsvcError: the operation failed (the same error every rank sees); for a GPU operation,
+                also a failure found on the GPU since it was enqueued (this or an earlier one).
         """
         try:
             self._future.result(timeout)
         except concurrent.futures.TimeoutError:
             raise self.gave_up(self._description, timeout or 0.0) from None
+        if self._settle is not None:
+            self._settle()
         return True
 
     def waiting_on(self) -> list[dict[str, Any]]:
@@ -71,9 +80,12 @@ class Work(Generic[T]):
         """The operation's result, waiting for it.
 
         Raises:
-            CollsvcError: the operation failed.
+            CollsvcError: the operation failed (a GPU one: as :meth:`wait`).
         """
-        return self._future.result()
+        result = self._future.result()
+        if self._settle is not None:
+            self._settle()
+        return result
 
     def exception(self) -> BaseException | None:
         """The operation's error once it finished, else None (waits for it)."""

@@ -1,6 +1,8 @@
 """An in-process stand-in for the parts of CuPy and ``cupy.cuda.nccl`` the NCCL backend uses.
 
-Arrays are numpy arrays with CuPy's ``.data.ptr`` and ``.device.id``; every "stream" is synchronous;
+Arrays are numpy arrays with CuPy's ``.data.ptr`` and ``.device.id``; every "stream" is synchronous
+(data moves when the call is made), but completion is modelled: :func:`hold` keeps the operations
+enqueued after it "in flight" (their events not done) until released, as a GPU still running them would;
 the NCCL communicator runs its collectives across threads (one thread per rank) through raw pointers,
 as real NCCL does. It lets the backend's planning, routing and error paths run without a GPU. It is no
 evidence that the backend works on real NCCL: ``test_nccl_single_gpu.py`` is.
@@ -58,18 +60,45 @@ class Stream:
         pass
 
 
+class Gate:
+    """Whether the kernels enqueued while it was current have finished (see :func:`hold`)."""
+
+    def __init__(self, finished: bool) -> None:
+        self.finished = finished
+
+    def release(self) -> None:
+        """The held kernels finish; kernels enqueued from now on finish at once again."""
+        global _gate
+        self.finished = True
+        _gate = _OPEN
+
+
+_OPEN = Gate(True)
+_gate = _OPEN
+
+
+def hold() -> Gate:
+    """Every operation enqueued from now on stays in flight (its events not done) until ``release()``:
+    the data moves at once, as everywhere in this stand-in, but the GPU reports it unfinished."""
+    global _gate
+    _gate = Gate(False)
+    return _gate
+
+
 class Event:
     never_done = False  # tests flip this to simulate a kernel waiting for a dead peer
 
+    __slots__ = ("_gate",)
+
     def __init__(self, disable_timing: bool = False) -> None:
-        pass
+        self._gate = _OPEN
 
     def record(self, stream: Any = None) -> None:
-        pass
+        self._gate = _gate
 
     @property
     def done(self) -> bool:
-        return not Event.never_done
+        return not Event.never_done and self._gate.finished
 
 
 @contextlib.contextmanager
@@ -117,6 +146,8 @@ class NcclCommunicator:
 
     def _collective(self, mine: Any) -> list[Any]:
         w = self.world
+        if w.size == 1:
+            return [mine]
         w.slots[self.rank] = mine
         w.barrier.wait()
         everything = list(w.slots)
@@ -131,6 +162,10 @@ class NcclCommunicator:
         return np.asarray(result).astype(dtype)
 
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int) -> None:  # noqa: N802
+        if self.world.size == 1:  # every reduction of one member is that member's data: NCCL copies it
+            if sendbuf != recvbuf:
+                ctypes.memmove(recvbuf, sendbuf, count * DTYPES[datatype](0).itemsize)
+            return
         _write(recvbuf, self._reduce_all(sendbuf, count, datatype, op).tobytes())
 
     def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, root: int, stream: int) -> None:
@@ -272,3 +307,136 @@ def make(generation: int = 14) -> tuple[Any, Any]:
         bitwise_xor=np.bitwise_xor,
     )
     return cupy, nccl
+
+
+class ndarray:  # noqa: N801 - CuPy's name, which collsvc.arrays recognises CuPy arrays by
+    """The stand-in's array as ``import cupy`` gives it: not a numpy array (``type(x).__module__`` is
+    ``cupy``), over host memory that stands for the device's; what it does not define it takes from numpy."""
+
+    # Plain attributes, read as cheaply as CuPy's own (C-level) ones, so a host-cost measurement
+    # through this stand-in does not count the stand-in's attribute lookups as collsvc's.
+    __slots__ = ("_a", "data", "device", "dtype", "shape", "size", "nbytes", "flags", "ndim")
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+        self.data = types.SimpleNamespace(ptr=a.ctypes.data)
+        self.device = _DEVICE_0
+        self.dtype, self.shape, self.size, self.nbytes, self.flags, self.ndim = (
+            a.dtype,
+            a.shape,
+            a.size,
+            a.nbytes,
+            a.flags,
+            a.ndim,
+        )
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self._a if dtype is None else self._a.astype(dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._a, name)
+        if callable(value):
+
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                result = value(*args, **kwargs)
+                return ndarray(result) if isinstance(result, np.ndarray) else result
+
+            return wrapped
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        result = self._a[key]
+        return ndarray(result) if isinstance(result, np.ndarray) else result
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._a[key] = np.asarray(value)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __repr__(self) -> str:
+        return f"stand-in cupy {self._a!r}"
+
+
+ndarray.__module__ = "cupy"
+_DEVICE_0 = types.SimpleNamespace(id=0)
+
+
+def _wrap(a: Any) -> ndarray:
+    return ndarray(np.ascontiguousarray(a))
+
+
+class _CurrentDevice:
+    """``cupy.cuda.Device(index)``: a context manager, with the attributes the device probe reads."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, index: int | None = None) -> None:
+        self.id = 0 if index is None else index
+
+    @property
+    def pci_bus_id(self) -> str:
+        return f"0000:{self.id:02x}:00.0"
+
+    def __enter__(self) -> _CurrentDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def use(self) -> None:
+        pass
+
+
+class _UsableStream(Stream):
+    def use(self) -> None:
+        pass
+
+
+def install() -> Any:
+    """Puts the stand-in in ``sys.modules`` as ``cupy``, ``cupy.cuda`` and ``cupy.cuda.nccl``, so the
+    whole library (device probe, array adaptation, the Communicator, the torch layer) takes it for CuPy
+    on one GPU, as a process with CuPy and a GPU would. Returns the ``cupy`` module. For host-cost
+    measurements and tests without a GPU; it moves data synchronously like the rest of this stand-in."""
+    import sys
+
+    fake, nccl = make()
+    stream = _UsableStream()
+    cupy = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+    nccl_module = types.ModuleType("cupy.cuda.nccl")
+    nccl_module.__dict__.update(vars(nccl))
+    runtime = fake.cuda.runtime
+    runtime.getDevice = lambda: 0
+    runtime.getDeviceProperties = lambda index: {"uuid": bytes(range(16))}
+    cuda.__dict__.update(
+        Device=_CurrentDevice,
+        Stream=_UsableStream,
+        Event=Event,
+        get_current_stream=lambda: stream,
+        runtime=runtime,
+        nccl=nccl_module,
+    )
+
+    def empty(shape: Any, dtype: Any = np.float64) -> ndarray:
+        return ndarray(np.empty(shape, dtype=dtype))
+
+    def array(a: Any, copy: bool = True, order: str = "C", dtype: Any = None) -> ndarray:
+        return ndarray(np.array(np.asarray(a), copy=copy, order=order, dtype=dtype))
+
+    cupy.__dict__.update(
+        __version__="14.0.0-stand-in",
+        ndarray=ndarray,
+        cuda=cuda,
+        empty=empty,
+        array=array,
+        asarray=lambda a, dtype=None: a if isinstance(a, ndarray) and dtype is None else _wrap(np.asarray(a, dtype)),
+        ascontiguousarray=lambda a: a if a.flags.c_contiguous else _wrap(np.asarray(a)),
+        asnumpy=lambda a: np.array(np.asarray(a)),
+        ones=lambda shape, dtype=np.float64: ndarray(np.ones(shape, dtype=dtype)),
+        bitwise_and=np.bitwise_and,
+        bitwise_or=np.bitwise_or,
+        bitwise_xor=np.bitwise_xor,
+    )
+    sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl_module})
+    return cupy

@@ -49,6 +49,16 @@ def nccl_world_of_one(comm: collsvc.Communicator) -> dict[str, Any]:
         y *= 2
         comm.all_reduce(y, out=y, async_op=True).wait()
         assert float(y.sum()) == float(np.arange(1 << 20, dtype=np.float64).sum() * 2)
+    # Repeated calls take the GPU fast path (backends/nccl/repeat.py), in place and into new arrays, and
+    # return once enqueued; synchronize() waits for them with errors.
+    z = cupy.ones(1024, dtype=cupy.float32)
+    for _ in range(5):
+        assert comm.all_reduce(z, out=z) is z
+    fresh = comm.all_reduce(z)
+    gpu = comm._repeated._gpu
+    assert gpu is not None and any(plan is not None for plan in gpu._known.values())
+    comm.synchronize()
+    assert float(z.sum()) == 1024.0 and fresh is not z and float(fresh.sum()) == 1024.0
     return {"backend": comm.backend}
 
 

@@ -106,3 +106,36 @@ def test_results_are_ordered_on_the_callers_stream(backend: Any) -> None:
         backend.all_reduce(call("all_reduce", "float32", (1 << 20,), "sum"), buf, ReduceOp.SUM)
         total = float(buf.sum())
     assert total == float(np.arange(1 << 20, dtype=np.float64).sum() * 2)
+
+
+def test_a_call_returns_once_enqueued_and_synchronize_waits_for_it(backend: Any) -> None:
+    """Return after enqueue on real NCCL: with milliseconds of kernels queued before it on the caller's
+    stream, the all_reduce returns while its completion event has not fired; synchronize() waits for
+    it; the result is ordered on the caller's stream."""
+    import cupy
+
+    buf = cupy.ones(64 << 20, dtype=cupy.float32)  # 256 MiB
+    backend.all_reduce(call("all_reduce", "float32", (64 << 20,), "sum"), buf, ReduceOp.SUM)  # the communicator
+    cupy.cuda.get_current_stream().synchronize()
+    for _ in range(20):
+        buf *= 1.0  # ~milliseconds of work the collective must wait for
+    backend.all_reduce(call("all_reduce", "float32", (64 << 20,), "sum"), buf, ReduceOp.SUM)
+    assert any(not p.done() for p in backend._watchdog.unfinished()), "the call waited for the GPU"
+    backend.synchronize()
+    assert all(p.done() for p in backend._watchdog.unfinished())
+    assert float(buf[:4].sum()) == 4.0
+
+
+def test_blocking_mode_waits_on_the_host() -> None:
+    from collsvc.client.backends.nccl.backend import NcclBackend
+
+    b = NcclBackend(0, 1, KV(), Barriers(1), 30.0, Failure(), blocking=True)
+    try:
+        import cupy
+
+        buf = cupy.ones(1 << 20, dtype=cupy.float32)
+        for _ in range(2):
+            b.all_reduce(call("all_reduce", "float32", (1 << 20,), "sum"), buf, ReduceOp.SUM)
+            assert all(p.done() for p in b._watchdog.unfinished())
+    finally:
+        b.close()

@@ -7,9 +7,14 @@ sizes 1 and 3 with one thread per rank. Whether real NCCL agrees is for ``test_n
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -68,9 +73,11 @@ class Failure:
 
 
 @pytest.fixture(autouse=True)
-def fake(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(nccl_module, "load_cupy", fake_cupy.make)
     fake_cupy.Event.never_done = False
+    yield
+    fake_cupy.Gate(True).release()  # a test that held operations in flight leaves them finished
 
 
 def make_backends(size: int, failure: Failure | None = None) -> list[NcclBackend]:
@@ -319,21 +326,35 @@ def test_avg_fallback_divides_on_the_device(monkeypatch: pytest.MonkeyPatch) -> 
         np.testing.assert_allclose(got, np.mean(inputs, axis=0), rtol=1e-6)
 
 
-def test_timeout_aborts_and_breaks_the_backend() -> None:
+def short_call(seq: int, seconds: float, shape: tuple[int, ...] = (4,)) -> Call:
+    group = GroupSpec("world", (0,), 0)
+    return Call(group, "world", seq, Signature("all_reduce", "float32", shape, "sum"), time.monotonic() + seconds)
+
+
+def test_a_call_returns_before_the_gpu_finished_it() -> None:
+    """Return after enqueue: the operation stays in flight (watched) until the GPU finishes it."""
     (b,) = make_backends(1)
     buf = device(np.ones(4, np.float32))
+    gate = fake_cupy.hold()
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)  # returns at once
+    (pending,) = b._watchdog.unfinished()
+    assert not pending.done() and pending.error is None
+    gate.release()
+    b.synchronize()  # nothing to raise
+    b._watchdog.check_once(time.monotonic())
+    assert b._watchdog.unfinished() == []
+    b.close()
+
+
+def test_blocking_mode_waits_on_the_host() -> None:
+    """COLLSVC_NCCL_BLOCKING_WAIT=1 (blocking=True): the caller itself waits and raises the timeout."""
+    b = NcclBackend(0, 1, KV(), Barriers(1), 5.0, Failure(), watchdog_grace=0.2, blocking=True)
+    buf = device(np.ones(4, np.float32))
     b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)  # creates the comm
-    fake_cupy.Event.never_done = True
-    c = Call(
-        GroupSpec("world", (0,), 0),
-        "world",
-        2,
-        Signature("all_reduce", "float32", (4,), "sum"),
-        time.monotonic() + 0.2,
-    )
+    fake_cupy.hold()
     start = time.monotonic()
     with pytest.raises(CollectiveTimeoutError, match=r"all_reduce\(float32\[4\], sum\)") as info:
-        b.all_reduce(c, buf, ReduceOp.SUM)
+        b.all_reduce(short_call(2, 0.2), buf, ReduceOp.SUM)
     assert time.monotonic() - start < 2.0
     assert info.value.waiting_on == []
     assert b._comms["world"].comm.aborted
@@ -342,16 +363,118 @@ def test_timeout_aborts_and_breaks_the_backend() -> None:
     b.close()
 
 
-def test_recorded_failure_is_raised() -> None:
+def test_an_operation_stuck_past_its_deadline_aborts_and_the_next_call_raises() -> None:
+    """The watchdog aborts the communicator at the deadline; the report (the Job's on_failure, which
+    asks the coordinator who is late) gets the stuck call, and its error is what every later call,
+    settle (Work.wait) and synchronize raise."""
+    reported = threading.Event()
+    calls: list[Call] = []
+
+    def report(c: Call, error: CollsvcError) -> CollsvcError:
+        calls.append(c)
+        reported.set()
+        return CollectiveTimeoutError(f"{error}; waiting on rank 1", [{"rank": 1, "host": "h1"}])
+
+    b = NcclBackend(0, 1, KV(), Barriers(1), 5.0, Failure(), report=report)
+    buf = device(np.ones(4, np.float32))
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    fake_cupy.hold()
+    start = time.monotonic()
+    b.all_reduce(short_call(2, 0.2), buf, ReduceOp.SUM)  # stuck on the "GPU", but the call returns
+    assert time.monotonic() - start < 0.2
+    assert reported.wait(5.0)
+    assert [c.seq for c in calls] == [2] and calls[0].signature.op == "all_reduce"
+    assert b._comms["world"].comm.aborted
+    for raising in (
+        lambda: b.broadcast(call(0, 1, "broadcast", "float32", (4,), seq=3), buf, 0),
+        b.settle,
+        b.synchronize,
+    ):
+        with pytest.raises(CollectiveTimeoutError, match="waiting on rank 1") as info:
+            raising()
+        assert info.value.waiting_on == [{"rank": 1, "host": "h1"}]
+    b.close()
+
+
+def test_a_recorded_rank_failure_fails_the_queued_work() -> None:
     failure = Failure()
     (b,) = make_backends(1, failure)
     buf = device(np.ones(4, np.float32))
-    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
-    fake_cupy.Event.never_done = True
+    gate = fake_cupy.hold()
+    for seq in (1, 2, 3):
+        b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum", seq=seq), buf, ReduceOp.SUM)
+    queued = b._watchdog.unfinished()
+    assert len(queued) == 3
     failure.recorded = RankFailedError("rank 3 died", [3], ["h3"])
+    b._watchdog.check_once(time.monotonic())  # what the watchdog thread does every few milliseconds
+    assert all(isinstance(p.error, RankFailedError) for p in queued)
+    assert b._comms["world"].comm.aborted
     with pytest.raises(RankFailedError) as info:
-        b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum", seq=2), buf, ReduceOp.SUM)
+        b.synchronize()
     assert info.value.ranks == [3]
+    with pytest.raises(RankFailedError):
+        b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum", seq=4), buf, ReduceOp.SUM)
+    gate.release()
+    b.close()
+
+
+def test_synchronize_waits_and_raises_a_timeout_itself() -> None:
+    """An explicit wait for completion: synchronize() raises the timeout when it is the one to see it."""
+    (b,) = make_backends(1)
+    b._watchdog.stop()  # only synchronize() watches here
+    buf = device(np.ones(4, np.float32))
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    fake_cupy.hold()
+    b.all_reduce(short_call(2, 0.2), buf, ReduceOp.SUM)
+    with pytest.raises(CollectiveTimeoutError, match="seq 2"):
+        b.synchronize()
+    with pytest.raises(CollectiveTimeoutError):
+        b.settle()
+    b.close()
+
+
+def test_reform_aborts_the_old_communicators_and_makes_new_ones() -> None:
+    """Elasticity: a member of three fails with work in flight; the survivors' communicators are aborted,
+    closing them does not wait for that work, and the next generation (a new job: new key/value store,
+    two members) gets new communicators that work."""
+    failure = Failure()
+    old = make_backends(3, failure)
+    inputs = [np.full(4, r + 1, np.float32) for r in range(3)]
+    run_ranks(
+        old,
+        lambda b, i: b.all_reduce(call(i, 3, "all_reduce", "float32", (4,), "sum"), device(inputs[i]), ReduceOp.SUM),
+    )
+    old_comms = [b._comms["world"] for b in old]
+    fake_cupy.hold()
+    run_ranks(
+        old,
+        lambda b, i: b.all_reduce(
+            call(i, 3, "all_reduce", "float32", (4,), "sum", seq=2), device(inputs[i]), ReduceOp.SUM
+        ),
+    )
+    failure.recorded = RankFailedError("rank 2 died", [2], ["h2"])
+    for b in old[:2]:
+        b._watchdog.check_once(time.monotonic())
+        b.close()
+    assert all(gc.comm.aborted for gc in old_comms[:2])
+    fake_cupy.Gate(True).release()  # later operations finish again
+    new = make_backends(2)
+
+    def reduce_in_new_generation(b: NcclBackend, i: int) -> np.ndarray:
+        buf = device(inputs[i])
+        b.all_reduce(call(i, 2, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+        return np.asarray(buf)
+
+    got = run_ranks(new, reduce_in_new_generation)
+    for g in got:
+        np.testing.assert_array_equal(g, np.full(4, 3, np.float32))
+    new_comms = [b._comms["world"] for b in new]
+    assert not any(gc.comm.aborted for gc in new_comms)
+    assert {id(gc.comm) for gc in new_comms}.isdisjoint(id(gc.comm) for gc in old_comms)
+    for b in new:
+        b.synchronize()
+        b.close()
+    old[2].close()
 
 
 def test_abort_fails_later_calls() -> None:
@@ -367,13 +490,19 @@ def test_abort_fails_later_calls() -> None:
 
 def test_watchdog_fails_an_operation_stuck_past_its_deadline() -> None:
     failed: list[CollsvcError] = []
-    watchdog = Watchdog(Failure(), grace=0.5)
-    p = Pending("all_reduce(float32[4], sum)", deadline=100.0, timeout=1.0, on_fail=failed.append)
+    watchdog = Watchdog(Failure())
+    p = Pending("all_reduce(float32[4], sum)", deadline=100.0, timeout=1.0, on_fail=lambda e, _: failed.append(e))
     watchdog.watch(p)
-    watchdog.check_once(now=100.2)
+    watchdog.check_once(now=99.9)
     assert not failed
-    watchdog.check_once(now=100.6)
+    watchdog.check_once(now=100.1)
     assert isinstance(p.error, CollectiveTimeoutError) and failed == [p.error]
+    blocking = Pending("x", deadline=100.0, timeout=1.0, on_fail=lambda e, _: failed.append(e), grace=0.5)
+    watchdog.watch(blocking, lane=1)  # a caller waiting itself acts first; the watchdog after the grace
+    watchdog.check_once(now=100.2)
+    assert blocking.error is None
+    watchdog.check_once(now=100.6)
+    assert isinstance(blocking.error, CollectiveTimeoutError)
     watchdog.stop()
 
 
@@ -399,10 +528,50 @@ def test_wait_polls_without_sleeping_first_then_sleeps_briefly() -> None:
 
         return done
 
-    pending = Pending("all_reduce", 10.0, 10.0, lambda error: None)
+    pending = Pending("all_reduce", 10.0, 10.0, lambda error, _: None)
     kwargs: dict[str, Any] = dict(failure=Failure(), broken=lambda: None, check_async=lambda: None, clock=clock)
     wait_for(done_after(150e-6), pending, sleep=sleep, **kwargs)
     assert sleeps == [] and polls[0] > 10
     now[0], sleeps[:] = 0.0, []
     wait_for(done_after(0.05), pending, sleep=sleep, **kwargs)
     assert sleeps and max(sleeps) <= 200e-6 and now[0] < 0.05 + 250e-6
+
+
+def test_the_communicator_on_the_stand_in_takes_the_gpu_fast_path_and_raises_deferred_errors() -> None:
+    """A real one-rank job (coordinator, Job, Communicator) on the NCCL backend over the stand-in, in its
+    own process (``tests/gpu/stand_in_job.py``): repeated all_reduce calls reuse their plan (in place
+    and into new arrays); another signature takes the general path; calls return while the "GPU" is
+    stuck; then synchronize(), Work.wait() and the next call raise the timeout, recorded as the job's
+    failure with the Job's own wording."""
+    script = Path(__file__).resolve().parents[1] / "gpu" / "stand_in_job.py"
+    root = str(script.parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["backend"] == "nccl"
+    assert seen["general_in_place"] == 1  # the first call only; four repeats took the fast path
+    assert seen["new_arrays"] == [True, True, True] and seen["general_after_new"] == 1
+    assert seen["general_after_other_signature"] == 2
+    assert seen["values"] == [list(map(float, range(8))), [1.0] * 4]
+    assert seen["returned_in_s"] < 1.0  # both calls returned while the operation was stuck (timeout 2 s)
+    assert seen["synchronize"] == seen["work_wait"] == seen["job_failure"] == "CollectiveTimeoutError"
+    assert "all_reduce #11 in group 'world' timed out after 2s on rank 0" in seen["next_call"]
+
+
+def test_closing_with_work_in_flight_aborts_rather_than_destroys() -> None:
+    """ncclCommDestroy could wait forever for an operation whose peer left; a clean close does not abort."""
+    (b,) = make_backends(1)
+    buf = device(np.ones(4, np.float32))
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    fake_cupy.hold()
+    b.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum", seq=2), buf, ReduceOp.SUM)
+    gc = b._comms["world"]
+    b.close()
+    assert gc.comm.aborted
+    fake_cupy.Gate(True).release()
+    (clean,) = make_backends(1)
+    clean.all_reduce(call(0, 1, "all_reduce", "float32", (4,), "sum"), buf, ReduceOp.SUM)
+    gc = clean._comms["world"]
+    clean.close()
+    assert not gc.comm.aborted

@@ -3,8 +3,12 @@
 One NCCL communicator per group, created on the group's first call (``group_comm.py``), each with its own
 CUDA stream. Every operation is stream-ordered with the caller: the NCCL stream waits on an event
 recorded on the caller's current stream before the operation, and the caller's stream waits on the
-operation's completion event after it. The calling thread then waits for that event with the call's
-deadline (``watchdog.py``), so a dead peer becomes an error instead of a spinning kernel.
+operation's completion event after it. The call then returns, as on torch's NCCL backend: the backend's
+watchdog thread watches that event against the call's deadline and the job's failure (``watchdog.py``);
+on a failure it aborts every communicator, so a dead peer becomes an error instead of a spinning
+kernel, and the next call, ``Work.wait()`` or :meth:`NcclBackend.synchronize` raises it. With
+``COLLSVC_NCCL_BLOCKING_WAIT=1`` every call waits for its operation on the host instead. Repeated calls
+of one signature reuse their plan (``repeat.py``).
 
 Arrays arrive flat and contiguous; the logical dtype comes from ``call.signature.dtype`` (bfloat16 comes
 as a uint16 view because CuPy has no bfloat16). Data-movement collectives move raw bytes; reductions are
@@ -13,6 +17,7 @@ planned in ``dtypes.py``. Group indices (``root``, ``dst``, ``src``) are NCCL ra
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -25,18 +30,17 @@ from collsvc.client.backends.nccl.group_comm import (
     Barrier,
     GroupComm,
     KeyValueLike,
-    create_group_comm,
     has_p2p,
     nccl_version,
 )
+from collsvc.client.backends.nccl.launcher import Launcher, Report
 from collsvc.client.backends.nccl.probe import load_cupy
 from collsvc.client.backends.nccl.watchdog import (
     FailureSource,
     Pending,
     Watchdog,
-    as_collsvc_error,
-    wait_for,
 )
+from collsvc.config import nccl_blocking_wait
 from collsvc.errors import BackendUnavailableError, CollsvcError
 from collsvc.types import ReduceOp
 
@@ -47,7 +51,7 @@ __all__ = ["Barrier", "FailureSource", "KeyValueLike", "NcclBackend"]
 _Body = Callable[[GroupComm, int], None]
 
 
-class NcclBackend:
+class NcclBackend(Launcher):
     """Collectives on CuPy arrays through NCCL; implements the ``Backend`` protocol.
 
     Args:
@@ -62,6 +66,11 @@ class NcclBackend:
         watchdog_grace: seconds past a deadline before the watchdog aborts an operation stuck inside NCCL.
         device: the CUDA ordinal this member reported when it joined (what the one-GPU-per-rank check
             ran on); arrays on another GPU are rejected. None accepts any GPU.
+        blocking: whether each call waits on the host until the GPU finished it; None: from
+            ``COLLSVC_NCCL_BLOCKING_WAIT`` (default: no, it returns once enqueued).
+        report: ``report(call, error)`` for a failure the watchdog found after the call returned (a
+            timeout, NCCL's error): returns the error to raise from then on (the Job's ``on_failure``:
+            it names the late ranks and records the job's failure). None: the error as found.
 
     Raises:
         BackendUnavailableError: no CuPy, no NCCL library or no GPU here (the message has the fix).
@@ -80,6 +89,8 @@ class NcclBackend:
         *,
         watchdog_grace: float = 1.0,
         device: int | None = None,
+        blocking: bool | None = None,
+        report: Report | None = None,
     ) -> None:
         self._cp, self._nccl = load_cupy()
         self.rank = rank
@@ -98,7 +109,10 @@ class NcclBackend:
         self._state_lock = threading.Lock()
         self._broken: CollsvcError | None = None
         self._closed = False
-        self._watchdog = Watchdog(failure, grace=watchdog_grace)
+        self._watchdog = Watchdog(failure)
+        self._blocking = nccl_blocking_wait() if blocking is None else blocking
+        self._report = report
+        self._reported = threading.Event()  # set once the error in _broken is final (reported)
         self._blocks = Blocks(self._cp, self._nccl)
 
     # ----------------------------------------------------------------- collectives
@@ -251,40 +265,26 @@ class NcclBackend:
         """No data-plane barrier here: barriers are host-side calls (the ring's or the coordinator's)."""
         return False
 
-    def abort(self, error: BaseException) -> None:
-        """Aborts every communicator and fails pending and later calls with ``error``."""
-        self._break(as_collsvc_error(error, "operation"))
-
-    def close(self) -> None:
-        """Destroys the communicators (aborts them if the backend is broken). Idempotent."""
-        with self._state_lock:
-            if self._closed:
-                return
-            self._closed = True
-            broken = self._broken is not None
-        self._watchdog.stop()
-        with self._init_lock:
-            comms = list(self._comms.values())
-            self._comms.clear()
-        for gc in comms:
-            try:
-                if broken:
-                    gc.abort(self._grace)
-                else:
-                    gc.destroy()
-            except Exception as exc:
-                log.warning("rank %d: closing NCCL communicator of group %r: %s", self.rank, gc.group.name, exc)
-
-    # ----------------------------------------------------------------- the template
+    # ----------------------------------------------------------------- the template (launching: launcher.py)
 
     def _run(self, call: Call, nbytes: int, arrays: list[Any], body: _Body) -> None:
-        """Checks, ordering, the completion wait and error mapping, written once for every op."""
+        """Checks, ordering, the completion watch and error mapping, written once for every op."""
         self._check_usable()
         if nbytes == 0:
             return  # every member has the same signature, so every member skips
         device = next(int(a.device.id) for a in arrays if a is not None)
         if any(a is not None and int(a.device.id) != device for a in arrays):
             raise ValueError(f"{call.signature.op}: all arrays must be on the same GPU")
+        self._check_device(call, device)
+        gc = self._comm_for(call, device)
+        sig = call.signature
+        description = functools.partial(
+            describe, sig.op, sig.dtype, sig.shape, sig.reduce_op, call.group.name, call.seq
+        )
+        pending = Pending(description, call.deadline, call.timeout or self._timeout, self._failed, call=call)
+        self.launch(gc, pending, body, (gc,))
+
+    def _check_device(self, call: Call, device: int) -> None:
         if self._device is not None and device != self._device:
             raise ValueError(
                 f"rank {self.rank}: {call.signature.op} got an array on GPU {device}, but this rank reported GPU "
@@ -292,87 +292,17 @@ class NcclBackend:
                 f"one-GPU-per-rank check ran on that; select it before allocating: "
                 f"cupy.cuda.Device({self._device}).use() or torch.cuda.set_device({self._device})"
             )
-        gc = self._comm_for(call, device)
-        sig = call.signature
-        desc = describe(sig.op, sig.dtype, sig.shape, sig.reduce_op, call.group.name, call.seq)
-        pending = Pending(desc, call.deadline, self._timeout, self._break)
-        cuda = self._cp.cuda
-        with cuda.Device(device):
-            caller = cuda.get_current_stream()
-            ready = cuda.Event(disable_timing=True)
-            ready.record(caller)
-            gc.stream.wait_event(ready)
-            self._watchdog.watch(pending)
-            try:
-                try:
-                    with gc.lock:
-                        if gc.aborted:
-                            raise pending.fail(self._broken or CollsvcError(f"nccl {desc}: communicator aborted"))
-                        body(gc, int(gc.stream.ptr))
-                    done = cuda.Event(disable_timing=True)
-                    done.record(gc.stream)
-                except CollsvcError:
-                    raise
-                except Exception as exc:
-                    error = CollsvcError(f"nccl {desc} failed: {exc}")
-                    error.__cause__ = exc
-                    raise pending.fail(error) from exc
-                wait_for(
-                    lambda: bool(done.done),
-                    pending,
-                    failure=self._failure,
-                    broken=lambda: self._broken,
-                    check_async=gc.check_async,
-                )
-                caller.wait_event(done)
-            finally:
-                self._watchdog.forget(pending)
 
-    def _check_usable(self) -> None:
-        if self._broken is not None:
-            raise self._broken
-        if self._closed:
-            raise CollsvcError("the nccl backend is closed")
-
-    def _break(self, error: CollsvcError) -> None:
-        with self._state_lock:
-            if self._broken is not None:
-                return
-            self._broken = error
-        log.error("rank %d: NCCL backend aborted: %s", self.rank, error)
-        for gc in list(self._comms.values()):
-            try:
-                gc.abort(self._grace)
-            except Exception as exc:
-                log.warning("rank %d: ncclCommAbort of group %r failed: %s", self.rank, gc.group.name, exc)
-        self._watchdog.fail_all(error)
-
-    def _comm_for(self, call: Call, device: int) -> GroupComm:
-        group = call.group
-        with self._init_lock:
-            gc = self._comms.get(group.name)
-            if gc is None:
-                try:
-                    gc = create_group_comm(
-                        self._cp,
-                        self._nccl,
-                        group,
-                        device,
-                        kv=self._kv,
-                        barrier=self._barrier,
-                        failure=self._failure,
-                        deadline=call.deadline,
-                    )
-                except CollsvcError as exc:
-                    self._break(exc)
-                    raise
-                self._comms[group.name] = gc
-                log.info("rank %d: NCCL communicator for group %r on GPU %d", self.rank, group.name, device)
-        if gc.group.ranks != group.ranks:
-            raise ValueError(f"group {group.name!r} has ranks {list(gc.group.ranks)}, not {list(group.ranks)}")
-        if gc.device != device:
-            raise ValueError(f"group {group.name!r} runs on GPU {gc.device}; this array is on GPU {device}")
-        return gc
+    def native_all_reduce(self, signature: Any, op: ReduceOp, size: int) -> tuple[int, int, int] | None:
+        """``(count, NCCL dtype, NCCL op)`` of an all_reduce of ``signature`` that is one native NCCL
+        call; None where it is more (a fold, a division) or not allowed."""
+        try:
+            plan = plan_reduction(op, signature.dtype, self._version, self._has_avg)
+        except TypeError:
+            return None
+        if plan.mode is not Mode.NATIVE:
+            return None
+        return size * plan.factor, self._attr(plan.nccl_dtype), self._attr(plan.nccl_op)
 
     # ----------------------------------------------------------------- helpers
 

@@ -104,6 +104,9 @@ class GroupComm:
         self.group = group
         self.lock = threading.Lock()
         self.aborted = False
+        self.lane = id(self)  # the watchdog's queue of this communicator's operations
+        self.stream_ptr = int(stream.ptr)
+        self.ready: Any = None  # the event the stream waits on before each operation (set at creation)
 
     def check_async(self) -> None:
         with self.lock:
@@ -181,4 +184,7 @@ def create_group_comm(
     if "error" in result:
         exc = result["error"]
         raise CollsvcError(f"nccl communicator init for group {group.name!r} failed: {exc}") from exc
-    return GroupComm(result["comm"], result["stream"], device, group)
+    gc = GroupComm(result["comm"], result["stream"], device, group)
+    with cupy.cuda.Device(device):
+        gc.ready = cupy.cuda.Event(disable_timing=True)
+    return gc

@@ -1,19 +1,18 @@
-"""Bounded waits for NCCL work: the caller's poll loop and a watchdog thread as its backstop.
+"""Bounded NCCL work that does not block the host: a watchdog thread per backend watches what was enqueued.
 
 NCCL kernels never time out on their own: a peer that died or never arrived leaves them spinning on the
-GPU forever, and ``ncclCommAbort`` is the only way out. So every operation is tracked as a
-:class:`Pending` with the call's deadline:
+GPU forever, and ``ncclCommAbort`` is the only way out. So every enqueued operation is tracked as a
+:class:`Pending` with its completion event and the call's deadline, and the caller returns at once
+(as on torch's NCCL backend). The backend's :class:`Watchdog` thread checks, every few milliseconds,
+the oldest unfinished operation of each communicator (operations of one communicator finish in the
+order they were enqueued, on its one stream): whether it finished, NCCL's asynchronous error, the job's
+recorded failure and the deadline. On a failure it fails the operation once: the backend then aborts
+every communicator, which releases the kernels queued behind it, and raises the error from the next
+call, ``Work.wait()`` or ``synchronize()``.
 
-- the calling thread waits in :func:`wait_for`, polling the completion event, NCCL's asynchronous error,
-  the job's recorded failure and the deadline: without sleeping for the first 200 us, then with
-  sleeps that grow to 200 us;
-- a :class:`Watchdog` thread checks the same conditions every few tens of milliseconds for the case the
-  caller cannot: a thread stuck *inside* an NCCL call (a blocking group end, say). Past the deadline plus
-  a grace period, or as soon as a failure is recorded, it aborts the communicator, which releases the
-  stuck call.
-
-Whichever side notices first fails the :class:`Pending` once; the error it chose is what the caller
-raises.
+In blocking mode (``COLLSVC_NCCL_BLOCKING_WAIT=1``) the caller itself waits in :func:`wait_for`, polling
+the same conditions; the watchdog is then the backstop for a caller stuck *inside* an NCCL call (a
+blocking group end, say) and acts a grace period past the deadline.
 """
 
 from __future__ import annotations
@@ -22,8 +21,9 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from collsvc.errors import CollectiveTimeoutError, CollsvcError
 
@@ -45,20 +45,66 @@ def as_collsvc_error(error: BaseException, description: str) -> CollsvcError:
     return wrapped
 
 
-class Pending:
-    """One enqueued NCCL operation: its deadline and, once failed, the error its caller raises.
+def _no_async_error() -> None:
+    return None
 
-    ``on_fail`` runs exactly once, on whichever thread fails the operation first; the backend passes a
-    function that aborts its communicators and marks itself broken.
+
+class Pending:
+    """One enqueued NCCL operation: its completion, deadline and, once failed, the error it raises.
+
+    Args:
+        description: the operation as errors name it (a string, or a callable making it on demand: the
+            fast path builds no string per call).
+        deadline: ``time.monotonic()`` by which it must finish. timeout: the seconds that stands for.
+        on_fail: ``on_fail(error, pending)`` runs exactly once, on whichever thread fails the operation
+            first; the backend passes a function that aborts its communicators and marks itself broken.
+        event: its completion event (CuPy's ``Event``), set once it was recorded behind the operation;
+            until then the operation is not done.
+        check_async: raises NCCL's asynchronous error of its communicator.
+        call: the backend's ``Call`` (what a deferred timeout is reported with).
+        grace: seconds past the deadline before the watchdog acts (a waiting caller acts at the deadline).
     """
 
-    def __init__(self, description: str, deadline: float, timeout: float, on_fail: Callable[[CollsvcError], None]):
-        self.description = description
+    __slots__ = (
+        "_description", "deadline", "timeout", "on_fail", "_lock", "error", "event", "check_async", "call", "act_at",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        description: str | Callable[[], str],
+        deadline: float,
+        timeout: float,
+        on_fail: Callable[[CollsvcError, Pending], None],
+        *,
+        event: Any = None,
+        check_async: Callable[[], None] = _no_async_error,
+        call: Any = None,
+        grace: float = 0.0,
+    ) -> None:
+        self._description = description
         self.deadline = deadline
         self.timeout = timeout
-        self._on_fail = on_fail
+        self.on_fail = on_fail
         self._lock = threading.Lock()
         self.error: CollsvcError | None = None
+        self.event = event
+        self.check_async = check_async
+        self.call = call
+        self.act_at = deadline + grace
+
+    def done(self) -> bool:
+        """Whether the GPU finished the operation (its completion event fired)."""
+        event = self.event
+        return event is not None and bool(event.done)
+
+    @property
+    def description(self) -> str:
+        d = self._description
+        return d if isinstance(d, str) else d()
+
+    def made_call(self) -> Any:
+        """The operation's ``Call`` (None when not known), for the report of a deferred failure."""
+        return self.call
 
     def fail(self, error: CollsvcError) -> CollsvcError:
         """Records ``error`` unless one is recorded, runs ``on_fail`` once, and returns the recorded one."""
@@ -70,7 +116,7 @@ class Pending:
         assert recorded is not None  # set above under the lock, never cleared
         if first:
             try:
-                self._on_fail(recorded)
+                self.on_fail(recorded, self)
             except Exception:  # abort must not hide the error the caller is about to raise
                 log.exception("aborting NCCL after %s failed", self.description)
         return recorded
@@ -80,6 +126,23 @@ class Pending:
             f"nccl {self.description} did not complete within {self.timeout:.3g}s; the NCCL communicator was aborted",
             waiting_on=[],
         )
+
+    def check(self, recorded: BaseException | None, now: float) -> None:
+        """Fails this operation if ``recorded`` (the job's failure) is set, NCCL reports an error, or
+        ``now`` is past the time to act; returns otherwise."""
+        if recorded is not None:
+            self.fail(as_collsvc_error(recorded, self.description))
+            return
+        try:
+            self.check_async()
+        except Exception as exc:
+            error = CollsvcError(f"nccl {self.description} failed: {exc}")
+            error.__cause__ = exc
+            self.fail(error)
+            return
+        if now >= self.act_at:
+            log.error("nccl %s is past its deadline; aborting the communicator", self.description)
+            self.fail(self.timeout_error())
 
 
 def wait_for(
@@ -139,45 +202,68 @@ def wait_for(
         delay = min(delay * 2, max_sleep)
 
 
+# Beyond this many operations queued on one communicator, the issuing thread drops the finished ones
+# itself (the watchdog does every round), so a fast loop never grows the queue without bound.
+_PRUNE_AT = 256
+
+
 class Watchdog:
-    """A daemon thread failing operations whose caller cannot: stuck in NCCL past the deadline.
+    """A daemon thread watching the operations enqueued on a backend's communicators.
+
+    Operations are kept in one queue per communicator (``lane``), oldest first: they finish in that
+    order, so each round looks at the oldest unfinished one of each queue only.
 
     Args:
         failure: the job's recorded failure; a recorded failure fails every tracked operation at once.
-        grace: seconds past an operation's deadline before the watchdog (rather than the caller's poll
-            loop, which normally wins) fails it.
-        interval: seconds between checks.
+        interval: seconds between rounds.
     """
 
-    def __init__(self, failure: FailureSource, *, grace: float = 1.0, interval: float = 0.05) -> None:
+    def __init__(self, failure: FailureSource, *, interval: float = 0.005) -> None:
         self._failure = failure
-        self._grace = grace
         self._interval = interval
         self._lock = threading.Lock()
-        self._pending: set[Pending] = set()
+        self._lanes: dict[int, deque[Pending]] = {}
         self._stop = threading.Event()
+        self._work = threading.Event()  # set when an operation is watched while none was: the thread wakes
         self._thread: threading.Thread | None = None
 
-    def watch(self, pending: Pending) -> None:
-        with self._lock:
-            self._pending.add(pending)
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(target=self._run, name="collsvc-nccl-watchdog", daemon=True)
-                self._thread.start()
+    def watch(self, pending: Pending, lane: int = 0) -> None:
+        """Tracks ``pending`` behind the earlier operations of ``lane`` (a communicator's id)."""
+        queue = self._lanes.get(lane)
+        if queue is None or self._thread is None:
+            with self._lock:
+                queue = self._lanes.setdefault(lane, deque())
+                if self._thread is None and not self._stop.is_set():
+                    self._thread = threading.Thread(target=self._run, name="collsvc-nccl-watchdog", daemon=True)
+                    self._thread.start()
+        idle = not queue
+        queue.append(pending)  # one bytecode: atomic against the watchdog's popleft
+        if idle:
+            self._work.set()
+        if len(queue) > _PRUNE_AT:
+            with self._lock:  # never beside the watchdog's own pruning: both pop the front
+                _drop_finished(queue)
 
-    def forget(self, pending: Pending) -> None:
+    def forget(self, pending: Pending, lane: int = 0) -> None:
         with self._lock:
-            self._pending.discard(pending)
+            queue = self._lanes.get(lane)
+            if queue is not None and pending in queue:
+                queue.remove(pending)
+
+    def unfinished(self) -> list[Pending]:
+        """The operations not seen finished yet, oldest first per communicator."""
+        with self._lock:
+            queues = list(self._lanes.values())
+        return [p for q in queues for p in list(q)]
 
     def fail_all(self, error: CollsvcError) -> None:
         """Fails every tracked operation with ``error`` (used by ``abort``)."""
-        with self._lock:
-            pending = list(self._pending)
-        for p in pending:
+        for p in self.unfinished():
             p.fail(error)
 
     def stop(self) -> None:
         self._stop.set()
+        self._work.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
@@ -185,15 +271,40 @@ class Watchdog:
     def check_once(self, now: float) -> None:
         """One round of checks (the thread's body; called directly by tests)."""
         with self._lock:
-            pending = list(self._pending)
+            queues = list(self._lanes.values())
         recorded = self._failure.error()
-        for p in pending:
+        for queue in queues:
+            with self._lock:
+                _drop_finished(queue)
+            if not queue:
+                continue
             if recorded is not None:
-                p.fail(as_collsvc_error(recorded, p.description))
-            elif now >= p.deadline + self._grace:
-                log.error("nccl %s is stuck past its deadline; aborting the communicator", p.description)
-                p.fail(p.timeout_error())
+                for p in list(queue):
+                    p.fail(as_collsvc_error(recorded, p.description))
+                continue
+            try:
+                oldest = queue[0]
+            except IndexError:
+                continue
+            oldest.check(None, now)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.check_once(time.monotonic())
+            if not any(list(self._lanes.values())):  # nothing in flight: sleep until something is
+                self._work.clear()
+                if not any(list(self._lanes.values())):
+                    self._work.wait()
+                continue
+            try:
+                self.check_once(time.monotonic())
+            except Exception:  # the watchdog must outlive any one bad round
+                log.exception("the NCCL watchdog's check failed")
+
+
+def _drop_finished(queue: deque[Pending]) -> None:
+    """Pops the finished (or failed) operations at the front of ``queue`` (under the watchdog's lock)."""
+    while queue:
+        front = queue[0]
+        if front.error is None and not front.done():
+            return
+        queue.popleft()
