@@ -9,7 +9,8 @@
 # RUNS defaults to 20. A CASE is SCENARIO/LAUNCHER with LAUNCHER one of fork-server, spawn (collsvc run
 # --start-method) or torchrun (torch.distributed.run --standalone); the default is every scenario the
 # docs report (docs/operations.md, section 10). Environment: PYTHON (default python), JOB_TIMEOUT
-# (seconds per job, default 120), and anything the ranks should see (GRPC_ENABLE_FORK_SUPPORT, ...).
+# (seconds per job, default 120), KEEP (a directory for the output of each failed run, default a new
+# temporary one, named at the end), and anything the ranks should see (GRPC_ENABLE_FORK_SUPPORT, ...).
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -47,6 +48,8 @@ stop_busy() {
 trap stop_busy EXIT
 
 LOG=$(mktemp -d)
+KEEP=${KEEP:-$(mktemp -d)}
+mkdir -p "$KEEP"
 # One job; prints "ok", or "FAIL: <why>".
 # The processes (ranks, workers, servers) of the job tagged $1: every one inherits its environment.
 tagged() {
@@ -97,9 +100,11 @@ for case in "${CASES[@]}"; do
         if [ "$result" != ok ]; then
             if [ $i -le $((RUNS / 2)) ]; then quiet=$((quiet + 1)); else busy=$((busy + 1)); fi
             echo "    $case run $i: $result" >&2
+            cp "$LOG/out" "$KEEP/${scenario}-${launcher}-run$i.txt"
         fi
     done
     stop_busy
     printf '%-26s %5d %8d/%-5d %8d/%-5d\n' "$case" "$RUNS" "$quiet" $((RUNS / 2)) "$busy" $((RUNS - RUNS / 2))
 done
 rm -rf "$LOG"
+echo "output of the failed runs: $KEEP" >&2

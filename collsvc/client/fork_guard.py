@@ -43,24 +43,25 @@ log = logging.getLogger(__name__)
 FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 _GRPC_CORE_MODULE = "grpc._cython.cygrpc"  # loading it initializes gRPC and reads its settings
 
+_TRUE = ("1", "t", "true", "y", "yes", "on")
+
 _member_pid = 0  # the process that joined a job (0: none did)
-_grpc_loaded_before = False  # gRPC was loaded before collsvc could set FORK_SUPPORT_ENV
+_grpc_forks = False  # gRPC's fork handlers may be on in this process (see keep_grpc_fork_handlers_off)
 
 
 def keep_grpc_fork_handlers_off() -> None:
     """Turns gRPC's fork handlers off (``GRPC_ENABLE_FORK_SUPPORT=false``) unless the environment says
     otherwise; takes effect only when gRPC is not loaded yet. Child processes inherit the setting."""
-    global _grpc_loaded_before
-    _grpc_loaded_before = _GRPC_CORE_MODULE in sys.modules
+    global _grpc_forks
+    loaded = _GRPC_CORE_MODULE in sys.modules  # gRPC read its settings already
+    _grpc_forks = loaded or os.environ.get(FORK_SUPPORT_ENV, "false").strip().lower() in _TRUE
     os.environ.setdefault(FORK_SUPPORT_ENV, "false")
 
 
 def grpc_forks() -> bool:
     """Whether gRPC's fork handlers may be on in this process: gRPC was loaded before collsvc, or the
-    environment turned them on."""
-    if _grpc_loaded_before:
-        return True
-    return os.environ.get(FORK_SUPPORT_ENV, "false").strip().lower() in ("1", "true", "yes", "on")
+    environment turned them on when collsvc was imported (what gRPC read when it loaded)."""
+    return _grpc_forks
 
 
 def warn_if_grpc_forks(job_id: str, rank: int) -> None:

@@ -74,14 +74,25 @@ def test_dataloader_workers_under_torchrun() -> None:
 
 
 def test_import_turns_grpc_fork_handlers_off_unless_the_environment_says() -> None:
-    probe = "import os, collsvc, grpc; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
+    probe = (
+        "import os, sys\n"
+        "if sys.argv[1] == 'grpc-first': import grpc\n"
+        "import collsvc, grpc\n"
+        "from collsvc.client import fork_guard\n"
+        "print(os.environ['GRPC_ENABLE_FORK_SUPPORT'], fork_guard.grpc_forks())"
+    )
     env = {k: v for k, v in cli_env().items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
-    for given, expected in ((None, "false"), ("1", "1")):
+    cases = (
+        (None, "collsvc-first", "false False"),
+        ("1", "collsvc-first", "1 True"),  # the user's choice stands; joining warns
+        (None, "grpc-first", "false True"),  # too late for gRPC, which read it when loaded; joining warns
+    )
+    for given, order, expected in cases:
         extra = {} if given is None else {"GRPC_ENABLE_FORK_SUPPORT": given}
         done = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, env={**env, **extra}, timeout=60
+            [sys.executable, "-c", probe, order], capture_output=True, text=True, env={**env, **extra}, timeout=60
         )
-        assert done.stdout.strip() == expected, done.stderr
+        assert done.stdout.strip() == expected, (given, order, done.stderr)
 
 
 def _in_child(check: Callable[[], bool]) -> bool:
