@@ -6,7 +6,11 @@ the same job, the same one); module-level functions act on the default one.
 
 from typing import TYPE_CHECKING, Any
 
-from collsvc import dynamo_skip
+from collsvc.client import fork_guard
+
+fork_guard.keep_grpc_fork_handlers_off()  # before anything loads gRPC: see collsvc/client/fork_guard.py
+
+from collsvc import dynamo_skip  # noqa: E402
 
 if TYPE_CHECKING:  # the public names, for type checkers and IDEs; loaded lazily at run time
     from collsvc import elastic
@@ -43,6 +47,7 @@ if TYPE_CHECKING:  # the public names, for type checkers and IDEs; loaded lazily
         CollectiveMismatchError,
         CollectiveTimeoutError,
         CollsvcError,
+        ForkedChildError,
         JobBrokenError,
         RankFailedError,
         RendezvousError,
@@ -72,6 +77,7 @@ _LAZY = {
             "CollectiveMismatchError",
             "CollectiveTimeoutError",
             "CollsvcError",
+            "ForkedChildError",
             "JobBrokenError",
             "RankFailedError",
             "RendezvousError",
@@ -119,6 +125,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CollsvcError",
     "Communicator",
+    "ForkedChildError",
     "JobBrokenError",
     "RankFailedError",
     "ReduceOp",

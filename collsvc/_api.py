@@ -9,6 +9,10 @@ A process that ends normally without ``destroy`` (its script returns, ``sys.exit
 One that dies of an uncaught exception keeps the old meaning: its heartbeat stream closes without a
 leave and the coordinator marks it failed. Ranks of ``collsvc run`` (``COLLSVC_LEAVE_ON_SIGTERM=1``)
 also leave when the launcher stops them with SIGTERM.
+
+Both hooks act only in the process that joined. A child forked from it (a DataLoader or pool worker,
+``os.fork()``) inherits them: there they do nothing, SIGTERM kills the child by default again, and the
+inherited communicator raises :class:`ForkedChildError` (see ``collsvc/client/fork_guard.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import threading
 from types import FrameType
 from typing import Any
 
+from collsvc.client import fork_guard
 from collsvc.client.communicator import WORLD, Communicator
-from collsvc.client.job import connect
+from collsvc.client.joining import connect
 from collsvc.config import leave_on_sigterm, resolve_init
 from collsvc.errors import CollsvcError, RendezvousError
 from collsvc.options import InitOptions
@@ -34,6 +39,7 @@ log = logging.getLogger(__name__)
 _default: Communicator | None = None
 _lock = threading.Lock()
 _leave_at_exit_registered = False
+_ignoring_sigterm = False  # _leave_at_exit set SIGTERM to SIG_IGN
 
 
 def init(
@@ -60,6 +66,8 @@ def init(
             ``timeout``.
         AuthenticationError: missing or wrong token, or TLS refused.
         BackendUnavailableError: ``backend="nccl"`` without CuPy or a GPU.
+        ForkedChildError: this process was forked from a rank (a DataLoader or pool worker): it cannot
+            join a job, nor use the communicator it inherited.
     """
     if coordinator is None:  # under mpirun with no coordinator given, its local rank 0 starts one
         from collsvc._mpirun_coordinator import coordinator_for_mpirun
@@ -88,6 +96,7 @@ def init_with(options: InitOptions) -> Communicator:
         The errors of :func:`init`, except the argument checks.
     """
     global _default
+    fork_guard.check_member("collsvc.init()")  # before the lock: the parent may have held it at the fork
     with _lock:  # held across the join: two threads calling init at once must not join twice
         if _default is not None and _is_open(_default):
             _check_same_job(_default, options)
@@ -154,11 +163,27 @@ def _leave_then_die(signum: int, frame: FrameType | None) -> None:
     # Only the Leave call (bounded at 5 s), not destroy(), and without the progress snapshot: the
     # interrupted code may hold any of their locks. The coordinator keeps the last heartbeat's progress.
     # Then the signal's default action, so the exit status still says "killed by SIGTERM".
+    # A forked child that still has this handler (forked from another thread) dies without leaving.
     signal.signal(signum, signal.SIG_DFL)
     comm = _default
-    if comm is not None and _is_open(comm):
+    if comm is not None and _is_open(comm) and not fork_guard.forked_child():
         comm.job.leave_now()
     os.kill(os.getpid(), signum)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child of a rank is killed by SIGTERM as it would be without collsvc: the launcher stops
+    a rank's process group with it, and a child that left the job for its rank, or ignored it, outlived
+    the job. A child forked from a thread other than the main one cannot change handlers; there
+    :func:`_leave_then_die` itself does no more than the default action."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is _leave_then_die or (_ignoring_sigterm and handler is signal.SIG_IGN):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _leave_at_exit() -> None:
@@ -166,13 +191,18 @@ def _leave_at_exit() -> None:
 
     An uncaught exception other than KeyboardInterrupt is a crash: the process then ends without
     leaving, and the coordinator reports it failed as before (``sys.last_value`` is set by Python
-    when it prints an uncaught exception, just before the exit handlers run).
+    when it prints an uncaught exception, just before the exit handlers run). A forked child that
+    ends (``os.fork()`` then ``sys.exit``) is no member: it leaves nothing.
     """
+    global _ignoring_sigterm
+    if fork_guard.forked_child():
+        return
     if signal.getsignal(signal.SIGTERM) is _leave_then_die:
         # The process is on its way out with its own exit status, which tells the launcher whether
         # this rank failed by itself (sys.exit(1)) or not; a stop requested now must not turn that
         # into "killed by SIGTERM". SIG_IGN, unlike a Python handler, outlives interpreter shutdown.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _ignoring_sigterm = True
     crash = getattr(sys, "last_value", None)
     interactive = hasattr(sys, "ps1")  # an interactive session keeps the last error of any statement
     if crash is not None and not interactive and not isinstance(crash, KeyboardInterrupt):
@@ -215,8 +245,16 @@ def get_local_rank() -> int:
 
 
 def destroy() -> None:
-    """Closes the default communicator (leaves the job); a later ``init`` may join another job."""
+    """Closes the default communicator (leaves the job); a later ``init`` may join another job.
+
+    In a forked child it forgets the communicator it inherited and leaves nothing: the rank is the member.
+    """
     global _default
+    if fork_guard.forked_child():  # the parent may have held the lock at the fork
+        comm, _default = _default, None
+        if comm is not None:
+            comm.close()  # only marks it closed here (Job.close)
+        return
     with _lock:
         comm, _default = _default, None
     if comm is not None:

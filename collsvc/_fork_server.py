@@ -23,7 +23,9 @@ parent-death signal tied to this server (so a dead launcher takes it along), std
 pipes as stdout and stderr, its environment, ``sys.argv``, ``sys.path[0]`` and a fresh ``__main__``.
 numpy's global random generator is reseeded from the OS, as a fresh interpreter seeds it (Python's
 ``random`` reseeds itself after a fork). The server itself runs no threads, so forking it is safe; gRPC
-creates its threads only once a channel or server exists, which happens in the ranks.
+creates its threads only once a channel or server exists, which happens in the ranks. gRPC's own fork
+handlers are off (``import collsvc`` sets ``GRPC_ENABLE_FORK_SUPPORT=false`` before gRPC loads, see
+collsvc/client/fork_guard.py): nothing of gRPC runs at these forks, nor at the ones a rank makes.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ anything is sent, raise the built-in :class:`ValueError` or :class:`TypeError` i
     ├── RendezvousError             joining failed, or the coordinator was lost past its grace period
     ├── AuthenticationError         missing or wrong token, or TLS refused
     ├── BackendUnavailableError     the requested backend cannot run here (says how to fix it)
-    └── ResourceLimitError          a request exceeded a configured size limit
+    ├── ResourceLimitError          a request exceeded a configured size limit
+    └── ForkedChildError            a process forked from a rank used the rank's job (it is no member)
 
 Callers catch by meaning: ``except JobBrokenError`` for "this job is over, heal or restart",
 ``except CollectiveTimeoutError`` for "too slow or stuck", ``except CollsvcError`` for anything of
@@ -132,6 +133,16 @@ class BackendUnavailableError(CollsvcError):
 
 class ResourceLimitError(CollsvcError):
     """A request exceeded a configured size limit (key, value, message or world size)."""
+
+
+class ForkedChildError(CollsvcError):
+    """A process forked from a rank (a DataLoader worker, a pool worker, ``os.fork()``) called a
+    collective or a coordinator call on the communicator it inherited, or ``init``.
+
+    The child holds a copy of the rank's objects but is no member of the job: only the process that
+    joined speaks for its rank, and gRPC cannot be used in a forked copy of a process that runs it.
+    Start a process that must join a job with the ``spawn`` start method.
+    """
 
 
 Reason = common_pb2.ErrorReason

@@ -5,6 +5,9 @@ collsvc's internal frames and chained internal errors (``COLLSVC_DEBUG=1`` print
 ``COLLSVC_REPORT_DIR`` is set (``collsvc run`` sets it), the rank also writes ``rank-<R>.json`` there:
 the error's type, message and the ranks it names as the cause. ``collsvc run`` reads these reports
 to name the rank at fault rather than the first victim that happened to exit.
+
+Both act only in the process that installed them (the rank): a child forked from it reports its own
+errors as Python would, and never writes the rank's report.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ REPORT_DIR_ENV = "COLLSVC_REPORT_DIR"
 DEBUG_ENV = "COLLSVC_DEBUG"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _installed = False
+_installed_pid = 0  # the rank's process: its forked children do not report for it
 
 
 def blamed(error: BaseException) -> list[dict[str, Any]]:
@@ -72,7 +76,7 @@ def write_report(error: BaseException, rank: int | None = None, environ: Mapping
 def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
     from collsvc.errors import CollsvcError  # loaded already: install() runs when a rank joins
 
-    if isinstance(error, CollsvcError):
+    if isinstance(error, CollsvcError) and os.getpid() == _installed_pid:
         write_report(error)
         if os.environ.get(DEBUG_ENV, "") not in ("1", "true", "yes"):
             with contextlib.suppress(Exception):
@@ -87,7 +91,8 @@ _previous = sys.excepthook
 
 def install() -> None:
     """Makes uncaught collsvc errors print as :func:`render` and write their report (idempotent)."""
-    global _installed, _previous
+    global _installed, _installed_pid, _previous
+    _installed_pid = os.getpid()
     if _installed:
         return
     _installed = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ class CallRecorder:
         self._calls: list[tuple[Any, ...]] = []  # (stream, group, seq, signature, bytes, start, end, outcome, reducing)
         self._dropped = 0
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # the rank's process (see close)
         # (signature, group size) -> (input bytes, bus bytes): a training loop repeats a few calls.
         self._sizes: dict[tuple[Any, int], tuple[int, float]] = {}
         if timeline:
@@ -118,8 +120,11 @@ class CallRecorder:
         """Writes the timeline part, once (a failure to write is logged, never raised).
 
         A process that joins several jobs in turn (elastic restarts) writes one part per job to the same
-        file: the last job's calls are the ones that remain.
+        file: the last job's calls are the ones that remain. A child forked from the rank writes
+        nothing: the part is the rank's (and the lock may have been held by another thread at the fork).
         """
+        if os.getpid() != self._pid:
+            return
         with self._lock:
             target = self.timeline
             if target is None:

@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "job services",
         (
+            "collsvc.client.fork_guard",
             "collsvc.client.heartbeat",
             "collsvc.client.rendezvous",
             "collsvc.client.join_report",
@@ -58,7 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "collsvc.client.timeout_report",
         ),
     ),
-    ("job", ("collsvc.client.job",)),
+    ("job", ("collsvc.client.job", "collsvc.client.joining")),
     (
         "ops",
         (
