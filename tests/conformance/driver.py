@@ -30,8 +30,10 @@ DEFAULT_SEED = 20261128
 
 
 def level() -> str:
-    """``COLLSVC_CONFORMANCE=full`` runs the whole product; anything else the CI slice."""
-    return "full" if os.environ.get("COLLSVC_CONFORMANCE", "") == "full" else "ci"
+    """``COLLSVC_CONFORMANCE=full`` runs the whole product, ``quick`` the mutation runs' slice;
+    anything else the CI slice."""
+    chosen = os.environ.get("COLLSVC_CONFORMANCE", "")
+    return chosen if chosen in ("full", "quick") else "ci"
 
 
 def seed() -> int:

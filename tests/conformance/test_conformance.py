@@ -33,7 +33,9 @@ FULL_CONFIGS = [
     (3, "hier"),
     (4, "hier"),
 ]
-CONFIGS = FULL_CONFIGS if driver.level() == "full" else CI_CONFIGS
+# The mutation runs' jobs (scripts/mutation.py): shared memory with the fast path, and gRPC frames.
+QUICK_CONFIGS = [(2, "shm"), (2, "grpc")]
+CONFIGS = {"full": FULL_CONFIGS, "quick": QUICK_CONFIGS}.get(driver.level(), CI_CONFIGS)
 
 # Cases known to fail, by a pattern of their description: the reason names the bug. Strict: a known
 # failure that passes fails the test (remove it here once fixed).
