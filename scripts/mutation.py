@@ -129,13 +129,27 @@ def generate(path: str) -> list[Mutant]:
                     if hasattr(inner, "lineno"):
                         skip.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
     mutants = []
+    lines = source.splitlines(keepends=True)
+
+    def segment(node: ast.AST) -> str | None:
+        end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+        if end_line is None or end_col is None:
+            return None
+        first, last = node.lineno - 1, end_line - 1  # type: ignore[attr-defined]
+        if first == last:
+            return lines[first].encode()[node.col_offset : end_col].decode()  # type: ignore[attr-defined]
+        parts = [lines[first].encode()[node.col_offset :].decode()]  # type: ignore[attr-defined]
+        parts += lines[first + 1 : last]
+        parts.append(lines[last].encode()[:end_col].decode())
+        return "".join(parts)
+
     for node in ast.walk(tree):
         if not hasattr(node, "lineno") and not isinstance(node, ast.Slice):
             continue
         line = getattr(node, "lineno", None)
         if line is None or line in skip:
             continue
-        original = ast.get_source_segment(source, node)
+        original = segment(node)
         if original is None:
             continue
         for kind, mutated in _variants(node):
