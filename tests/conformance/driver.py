@@ -106,7 +106,7 @@ def run(n: int, transport: str, cases: list[Case] | None = None, *, job_timeout:
                 run_batch,
                 n,
                 address=address,
-                args=(todo, CALL_TIMEOUT),
+                args=(todo, CALL_TIMEOUT, transport == "shm"),
                 use_init=False,
                 rank_env=rank_env(transport, n),
                 timeout=job_timeout,

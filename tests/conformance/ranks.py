@@ -116,9 +116,10 @@ def _torch_view(base: np.ndarray, case: Case) -> Any:
 class Context:
     """This rank's communicators and what every case needs to know of them."""
 
-    def __init__(self, comm: collsvc.Communicator, groups: dict[str, collsvc.Communicator | None]) -> None:
+    def __init__(self, comm: collsvc.Communicator, groups: dict[str, collsvc.Communicator | None], fast: bool) -> None:
         self.world = comm
         self.groups = groups
+        self.fast = fast  # every group is on one host with shared memory: repeated calls take the fast path
 
 
 def result_shape(case: Case, shape: tuple[int, ...], n: int) -> tuple[int, ...]:
@@ -184,10 +185,37 @@ class Runner:
             return
         handler = getattr(self, f"_{case.coll}")
         handler(rep, me)
+        if self.ctx.fast and rep > 0 and self._takes_fast_path():
+            arg: Any = ReduceOp[case.op] if case.op else case.root
+            if not comm._repeated.has_fast_path(case.coll, self.buffers.x_np, arg):
+                raise CaseFailure("a repeated call on one host has no fast path (client/fast_path.py)")
         written = case.form in ("inplace", "noncontig_inplace") and (case.coll != "reduce" or me == case.root)
         same = np.array_equal(self.buffers.x_np, before, equal_nan=self.buffers.x_np.dtype.kind in "fc")
         if not written and case.coll not in ("barrier", "objects") and not same:
             raise CaseFailure("the call wrote into its input x")
+
+    def _takes_fast_path(self) -> bool:
+        """Whether repeats of this call must take the fast path for repeated calls: synchronous, numpy,
+        contiguous, new result or ``out=x`` (all_gather, reduce_scatter, all_to_all: or an ``out``), of a
+        group of two or more on one host, of a dtype numpy reduces natively (client/fast_path.py)."""
+        case = self.case
+        if case.coll not in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"):
+            return False
+        forms = (
+            ("plain", "inplace", "out")
+            if case.coll in ("all_gather", "reduce_scatter", "all_to_all")
+            else (
+                "plain",
+                "inplace",
+            )
+        )
+        return (
+            case.form in forms
+            and case.kind == "numpy"
+            and case.dtype != "bfloat16"
+            and case.shape in ("1d", "2d")
+            and self.n > 1
+        )
 
     # -- error cases
     def _expect_error(self) -> None:
@@ -440,10 +468,11 @@ def _run_window(
     return runners, None
 
 
-def run_batch(rank: int, windows: list[list[Case]], timeout: float) -> dict[str, Any]:
+def run_batch(rank: int, windows: list[list[Case]], timeout: float, fast: bool) -> dict[str, Any]:
     """Runs ``windows`` of cases on this rank (a job's body): returns ``failures`` (case, rep, message),
     ``digests`` (case -> result digests, to compare across ranks), ``done`` (windows finished),
-    ``broken`` (the error that ended the batch early, or None) and ``timing`` (seconds per case)."""
+    ``broken`` (the error that ended the batch early, or None) and ``timing`` (seconds per case).
+    ``fast``: every rank is on one host with shared memory, so repeated calls must take the fast path."""
     if any(case.kind == "torch" for window in windows for case in window):
         import torch
 
@@ -460,7 +489,7 @@ def run_batch(rank: int, windows: list[list[Case]], timeout: float) -> dict[str,
             ranks = group_ranks(name, n)
             if n > 1 and len(ranks) < n:
                 groups[name] = comm.new_group(ranks, name=f"conformance-{name}")
-        ctx = Context(comm, groups)
+        ctx = Context(comm, groups, fast)
         for window in windows:
             runners, broken = _run_window(ctx, window, failures, timing)
             if broken is not None:
