@@ -200,15 +200,21 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="mutation.json")
     parser.add_argument("--list", action="store_true", help="only count and list the mutants")
+    parser.add_argument("--recheck", help="a previous run's JSON: run its survivors again (after new cases)")
     args = parser.parse_args()
     mutants = [m for path in args.files for m in generate(path)]
+    if args.recheck:
+        previous = json.loads(Path(args.recheck).read_text())["mutants"]
+        wanted = {(m["path"], m["line"], m["kind"], m["original"]) for m in previous if m["outcome"] == "survived"}
+        mutants = [m for m in mutants if (m.path, m.line, m.kind, m.original) in wanted]
     generated = {path: sum(m.path == path for m in mutants) for path in args.files}
     print(f"{len(mutants)} mutants: {generated}", flush=True)
     if args.list:
         for m in mutants:
             print(f"{m.path}:{m.line}: {m.kind}: {m.original} -> {m.mutated}")
         return 0
-    random.Random(args.seed).shuffle(mutants)
+    if not args.recheck:
+        random.Random(args.seed).shuffle(mutants)
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="collsvc-mutation-") as tmp:
         copy = Path(tmp) / "repo"

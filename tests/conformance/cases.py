@@ -323,13 +323,13 @@ def ci_slice(n: int, transport: str, quick: bool = False) -> list[Case]:
     """A slice of :func:`full_product` that still holds every value of every axis, for each collective:
     every form (tiny, 1-D and 2-D), every dtype and op, every shape and size class, every group and
     kind, and the error table. Values are paired round-robin, so each case covers several axes."""
-    have_torch = set() if quick else torch_dtypes()
+    have_torch = set() if quick and transport != "shm" else torch_dtypes()
     chosen: dict[str, Case] = {}
     thin = quick or (n, transport) not in FULL_TABLE_JOBS
     slots = ("all_reduce",) if quick else SLOTS_JOBS.get((n, transport), ())
 
     def add(case: Case) -> None:
-        if case.kind == "torch" and (quick or case.dtype not in have_torch):
+        if case.kind == "torch" and case.dtype not in have_torch:
             case = replace(case, kind="numpy")
         if _valid(case, n):
             chosen.setdefault(case.describe(), case)
@@ -392,7 +392,7 @@ def ci_slice(n: int, transport: str, quick: bool = False) -> list[Case]:
 
 def generate(n: int, transport: str, level: str) -> list[Case]:
     """The cases for a job of ``n`` ranks on ``transport`` at ``level``: "ci", "full", or "quick" (the
-    CI slice's thin table, numpy only: what scripts/mutation.py runs per mutant)."""
+    CI slice's thin table, torch tensors on shared memory only: what scripts/mutation.py runs per mutant)."""
     if level == "full":
         return list(full_product(n, transport))
     return ci_slice(n, transport, quick=level == "quick")
