@@ -125,7 +125,7 @@ class Context:
 def result_shape(case: Case, shape: tuple[int, ...], n: int) -> tuple[int, ...]:
     if case.coll in ("all_gather", "gather"):
         return (n,) if not shape else (n * shape[0], *shape[1:])
-    if case.coll in ("reduce_scatter", "scatter"):
+    if case.coll in ("reduce_scatter", "scatter") and shape:  # a 0-d input is an error case
         return (shape[0] // n, *shape[1:])
     return shape
 
