@@ -266,6 +266,7 @@ class Job(FailureRecord):
     def heartbeat(self, member: Member, progress: Iterable[tuple[str, int, int, str]] = ()) -> None:
         """Refreshes ``member``'s liveness and records its progress per group."""
         member.last_heartbeat = self._clock()
+        member.pardoned = False
         for group, started, finished, last_op in progress:
             record = member.progress.get(group)
             if record is None:
@@ -312,6 +313,19 @@ class Job(FailureRecord):
             return []
         limit = self._clock() - timeout
         return [m for m in self.members if m.state == MemberState.ALIVE and m.last_heartbeat < limit]
+
+    def alive_count(self) -> int:
+        """Members neither left nor failed."""
+        return len(self.members) - self._gone if self.complete else 0
+
+    def restart_clocks(self, now: float) -> int:
+        """Restarts the heartbeat clock of every live member at ``now``; returns how many."""
+        if not self.complete:
+            return 0
+        alive = [m for m in self.members if m.state == MemberState.ALIVE]
+        for member in alive:
+            member.last_heartbeat = max(member.last_heartbeat, now)
+        return len(alive)
 
     @property
     def finished(self) -> bool:

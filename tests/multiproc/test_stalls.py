@@ -1,0 +1,91 @@
+"""A stalled observer blames no one: the coordinator or a rank that was not scheduled for a while
+(SIGSTOP/SIGCONT, as ``docker pause``, a CPU-throttled container or a VM migration look) fails no job,
+and neither does a rank busy for seconds in one C call that holds the GIL.
+
+The coordinator runs as its own process (tests/multiproc/test_coordinator_loss.py's daemon) so that a
+rank can stop and continue it; the stall is the scenario's duration, not a wait.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collsvc
+from tests.harness import run_ranks
+from tests.multiproc.test_coordinator_loss import Coordinator
+
+KV_WAIT = 30.0
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Coordinator]:
+    coordinator = Coordinator(tmp_path)
+    try:
+        yield coordinator
+    finally:
+        coordinator.stop()
+
+
+def work_through_a_stall(comm: collsvc.Communicator, pid: int, stall: float, how: str) -> dict[str, Any]:
+    """Every rank keeps creating groups (a coordinator call each) and reducing over them; meanwhile
+    rank 0 stops ``pid`` (the coordinator) for ``stall`` seconds with ``how="stop"``, or rank 1 spends
+    ``stall`` seconds in one C call that holds the GIL with ``how="gil"``. The loop goes on until the
+    stall is over and 20 more rounds passed."""
+    stalled = threading.Event()
+    if how == "stop" and comm.rank == 0:
+
+        def stop_and_continue() -> None:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(stall)  # the stall itself (a paused container), not a wait for something
+            finally:
+                os.kill(pid, signal.SIGCONT)
+                stalled.set()
+
+        threading.Thread(target=stop_and_continue, daemon=True).start()
+    rounds, after = 0, 0
+    while True:
+        rounds += 1
+        if how == "gil" and comm.rank == 1 and rounds == 5:
+            # One C call that holds the GIL for `stall` seconds, like list.sort of tens of millions of
+            # floats or pickling a big checkpoint: libc's sleep called without releasing the GIL.
+            ctypes.PyDLL(None).sleep(int(stall))
+            stalled.set()
+        group = comm.new_group(list(range(comm.size)))
+        assert group is not None
+        after += int(stalled.is_set())
+        done = group.all_reduce(np.array([float(after >= 20)]))
+        if done[0] > 0:
+            break
+    total = comm.all_reduce(np.ones(4)).tolist()
+    comm.barrier()
+    return {"total": total, "rounds": rounds}
+
+
+def _expect_healthy(result: Any, world_size: int) -> None:
+    for outcome in result.outcomes:
+        assert outcome.error is None, f"rank {outcome.rank}: {outcome.error}"
+        assert outcome.value["total"] == [world_size] * 4
+
+
+@pytest.mark.parametrize("stall", [6.0, 10.0])
+def test_a_stopped_coordinator_fails_no_job(daemon: Coordinator, stall: float) -> None:
+    result = run_ranks(
+        work_through_a_stall,
+        3,
+        address=daemon.address,
+        args=(daemon.proc.pid, stall, "stop"),
+        env={"COLLSVC_HOST": "stall-host"},
+        timeout=60,
+    )
+    _expect_healthy(result, 3)
