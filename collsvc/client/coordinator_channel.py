@@ -94,19 +94,27 @@ class TlsProbe:
         if self._sent is None:
             self._sent = self._check.future(b"", timeout=self._timeout)
 
-    def refusal(self, attempts: int = 3) -> str | None:
+    def refusal(self, attempts: int = 3, deadline: float | None = None) -> str | None:
         """gRPC's words for the last failure when every call failed the way a TLS refusal does; None
-        when the coordinator answered, or is not up yet."""
+        when the coordinator answered, is not up yet, or did not answer before ``deadline``
+        (``time.monotonic()`` seconds; a frozen coordinator accepts the connection and never answers)."""
         detail = ""
         for attempt in range(attempts):
             if attempt:
                 time.sleep(0.05)
+            remaining = self._timeout if deadline is None else min(self._timeout, deadline - time.monotonic())
+            if remaining <= 0:
+                return None
             sent, self._sent = self._sent, None
             try:
                 if sent is not None:
-                    sent.result()
+                    try:
+                        sent.result(timeout=remaining)
+                    except grpc.FutureTimeoutError:
+                        sent.cancel()
+                        return None
                 else:
-                    self._check(b"", timeout=self._timeout)
+                    self._check(b"", timeout=remaining)
                 return None
             except grpc.RpcError as exc:
                 detail = (exc.details() if hasattr(exc, "details") else "") or ""
@@ -116,16 +124,16 @@ class TlsProbe:
                     return None
         return detail
 
-    def check(self, address: str, job_id: str, *, uses_tls: bool) -> None:
+    def check(self, address: str, job_id: str, *, uses_tls: bool, deadline: float | None = None) -> None:
         """Fails fast when the coordinator is up but refuses this client's TLS (or its lack of TLS).
 
         Join waits for the coordinator to come up (wait_for_ready), so a refused handshake would look
-        like an absent coordinator until the whole timeout passed.
+        like an absent coordinator until the whole timeout passed. It probes until ``deadline`` at most.
 
         Raises:
             AuthenticationError: every probe failed the way a TLS refusal does.
         """
-        detail = self.refusal()
+        detail = self.refusal(deadline=deadline)
         if detail is None:
             return  # up (or not up yet): Join reports or waits as usual
         hint = (

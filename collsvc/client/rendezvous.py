@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # Extra seconds the client waits beyond a server-side wait, so the server's answer wins the race.
 SERVER_WAIT_MARGIN = 5.0
+# How long after its timeout a Join gives up on a coordinator that did not answer (see join).
+JOIN_REPLY_MARGIN = 0.5
 
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
@@ -55,6 +57,7 @@ class CoordinatorClient:
         timeout: float,
         join_timeout: float | None = None,
     ) -> None:
+        self.created = time.monotonic()  # a join gives up ``join_timeout`` after this (see join)
         self.address = address
         self.job_id = job_id
         self.timeout = timeout  # any one control call or collective step
@@ -137,9 +140,13 @@ class CoordinatorClient:
             request.requested_rank = rank
         if local_rank_hint is not None:
             request.local_rank_hint = local_rank_hint
-        self._tls_probe.check(self.address, self.job_id, uses_tls=self.tls is not None)
         started = time.monotonic()
-        deadline = started + self.join_timeout + SERVER_WAIT_MARGIN
+        # Counted from when init made this client (it starts its peer endpoint and probes devices in
+        # between). The coordinator answers a Join that waited its whole timeout_s with who is missing;
+        # the call itself gives up a moment later, so that a frozen coordinator (it accepts the
+        # connection and never answers) fails the join within the timeout plus JOIN_REPLY_MARGIN.
+        deadline = self.created + self.join_timeout + JOIN_REPLY_MARGIN
+        self._tls_probe.check(self.address, self.job_id, uses_tls=self.tls is not None, deadline=deadline)
         relayed = self._join_through_launcher(request, world_size, started, deadline)
         if relayed is not None:
             self._members_reply = relayed.members
@@ -151,6 +158,11 @@ class CoordinatorClient:
             except grpc.RpcError as exc:
                 # The connection broke (the coordinator restarted, say): send the same Join again; its
                 # idempotency key makes a coordinator that still has it find the same member.
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise RendezvousError(
+                        f"join (coordinator {self.address}, job '{self.job_id}'): no answer from the coordinator "
+                        f"within the {self.join_timeout:g}s timeout (not reachable, frozen or overloaded?)"
+                    ) from exc
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
                     raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
                 log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
@@ -189,6 +201,8 @@ class CoordinatorClient:
     def _join_once(
         self, request: coordinator_pb2.JoinRequest, world_size: int, started: float, deadline: float
     ) -> coordinator_pb2.JoinResponse:
+        # The coordinator's own wait ends a margin before this call's, so its answer (who is missing) wins.
+        request.timeout_s = max(deadline - time.monotonic() - JOIN_REPLY_MARGIN, 0.01)
         future = self.stub.Join.future(
             request, timeout=max(deadline - time.monotonic(), 0.01), metadata=self.metadata, wait_for_ready=True
         )
@@ -197,16 +211,22 @@ class CoordinatorClient:
                 try:
                     return future.result(timeout=JOIN_REPORT_INTERVAL)  # type: ignore[no-any-return]
                 except grpc.FutureTimeoutError:
-                    self._log_join_wait(world_size, time.monotonic() - started)
+                    self._log_join_wait(world_size, time.monotonic() - started, deadline)
         except BaseException:
             future.cancel()
             raise
 
-    def _log_join_wait(self, world_size: int, waited: float) -> None:
-        """Logs, while Join waits, which ranks have not joined (from the coordinator's status)."""
+    def _log_join_wait(self, world_size: int, waited: float, deadline: float | None = None) -> None:
+        """Logs, while Join waits, which ranks have not joined (from the coordinator's status, asked
+        until ``deadline`` at most)."""
         request = coordinator_pb2.GetStatusRequest(job_id=self.job_id)
+        limit = min(self.timeout, 5.0)
+        if deadline is not None:
+            limit = min(limit, deadline - time.monotonic())
+        if limit <= 0:
+            return
         try:
-            reply = self.stub.GetStatus(request, timeout=min(self.timeout, 5.0), metadata=self.metadata)
+            reply = self.stub.GetStatus(request, timeout=limit, metadata=self.metadata)
         except grpc.RpcError as exc:
             what = f"coordinator {self.address} not reachable yet ({exc.code().name})"
             log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)

@@ -89,3 +89,27 @@ def test_a_stopped_coordinator_fails_no_job(daemon: Coordinator, stall: float) -
         timeout=60,
     )
     _expect_healthy(result, 3)
+
+
+def init_against(rank: int, address: str, timeout: float) -> dict[str, Any]:
+    """``collsvc.init(timeout=...)`` of rank 0 of 2; what it raised and how long the call took."""
+    init = collsvc.init  # imports the client side: not part of the call
+    started = time.monotonic()
+    try:
+        init(coordinator=address, world_size=2, rank=0, timeout=timeout)
+    except collsvc.CollsvcError as exc:
+        return {"type": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - started}
+    return {"type": None, "elapsed": time.monotonic() - started}
+
+
+@pytest.mark.parametrize("timeout", [3.0, 10.0])
+def test_init_against_a_frozen_coordinator_gives_up_within_its_timeout(daemon: Coordinator, timeout: float) -> None:
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        result = run_ranks(init_against, 1, address=daemon.address, args=(daemon.address, timeout), use_init=False)
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+    (seen,) = result.values
+    assert seen["type"] == "RendezvousError", seen
+    assert seen["elapsed"] < timeout + 1.0, seen
+    print(f"MEASURED init(timeout={timeout:g}) against a frozen coordinator: {seen['elapsed']:.2f}s")
