@@ -38,11 +38,15 @@ def daemon(tmp_path: Path) -> Iterator[Coordinator]:
 
 def work_through_a_stall(comm: collsvc.Communicator, pid: int, stall: float, how: str) -> dict[str, Any]:
     """Every rank keeps creating groups (a coordinator call each) and reducing over them; meanwhile
-    rank 0 stops ``pid`` (the coordinator) for ``stall`` seconds with ``how="stop"``, or rank 1 spends
+    rank 0 stops ``pid`` (the coordinator) for ``stall`` seconds with ``how="stop"`` (rank 1 with
+    ``how="rank"``), or rank 1 spends
     ``stall`` seconds in one C call that holds the GIL with ``how="gil"``. The loop goes on until the
     stall is over and 20 more rounds passed."""
     stalled = threading.Event()
-    if how == "stop" and comm.rank == 0:
+    if how == "rank":  # rank 0 stops rank 1
+        pids = comm.all_reduce(np.array([float(os.getpid()) if r == comm.rank else 0.0 for r in range(comm.size)]))
+        pid = int(pids[1])
+    if how in ("stop", "rank") and comm.rank == 0:
 
         def stop_and_continue() -> None:
             os.kill(pid, signal.SIGSTOP)
@@ -113,3 +117,35 @@ def test_init_against_a_frozen_coordinator_gives_up_within_its_timeout(daemon: C
     assert seen["type"] == "RendezvousError", seen
     assert seen["elapsed"] < timeout + 1.0, seen
     print(f"MEASURED init(timeout={timeout:g}) against a frozen coordinator: {seen['elapsed']:.2f}s")
+
+
+def test_a_rank_stopped_for_less_than_the_heartbeat_timeout_is_not_failed(daemon: Coordinator) -> None:
+    # Its own keepalive must not give up on the coordinator because the rank itself was not running.
+    result = run_ranks(
+        work_through_a_stall,
+        3,
+        address=daemon.address,
+        args=(0, 3.5, "rank"),
+        env={"COLLSVC_HOST": "stall-host"},
+        timeout=60,
+    )
+    _expect_healthy(result, 3)
+
+
+def test_a_rank_holding_the_gil_longer_than_the_timeout_needs_a_longer_timeout(tmp_path: Path) -> None:
+    # A rank's heartbeats are sent by a Python thread: a C call that holds the GIL for 10 s (a huge
+    # list.sort, pickling a big checkpoint) silences them, and a 5 s timeout fails the rank
+    # (docs/operations.md). A coordinator whose timeout covers the longest such call keeps it.
+    patient = Coordinator(tmp_path, extra=("--heartbeat-timeout", "15"))
+    try:
+        result = run_ranks(
+            work_through_a_stall,
+            3,
+            address=patient.address,
+            args=(0, 10.0, "gil"),
+            env={"COLLSVC_HOST": "stall-host"},
+            timeout=90,
+        )
+    finally:
+        patient.stop()
+    _expect_healthy(result, 3)
