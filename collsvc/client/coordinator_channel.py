@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import time
@@ -13,6 +14,8 @@ import grpc
 from collsvc.client.backends.grpc_options import channel_credentials, keepalive_options
 from collsvc.errors import AuthenticationError
 from collsvc.options import TlsFiles
+
+log = logging.getLogger(__name__)
 
 # A rank may dial before its coordinator listens; gRPC's default 1 s reconnect backoff would dominate
 # start-up, so retry quickly (measured: 1.3 s -> 0.4 s to the first barrier). gRPC retries a refused
@@ -165,3 +168,35 @@ def wait_for_launch_signal(fd: int, timeout: float) -> None:
         select.select([fd], [], [], max(timeout, 0.0))
     finally:
         os.close(fd)
+
+
+def log_join_wait(
+    stub: Any,
+    address: str,
+    job_id: str,
+    metadata: Any,
+    world_size: int,
+    waited: float,
+    deadline: float | None,
+    timeout: float,
+) -> None:
+    """Logs, while a Join waits, which ranks have not joined, from the coordinator's status (asked for
+    ``timeout`` seconds, at most 5, and never past ``deadline``)."""
+    from collsvc.client.join_report import describe_not_joined
+    from collsvc.proto.v1 import coordinator_pb2
+
+    limit = min(timeout, 5.0)
+    if deadline is not None:
+        limit = min(limit, deadline - time.monotonic())
+    if limit <= 0:
+        return
+    try:
+        reply = stub.GetStatus(coordinator_pb2.GetStatusRequest(job_id=job_id), timeout=limit, metadata=metadata)
+    except grpc.RpcError as exc:
+        what = f"coordinator {address} not reachable yet ({exc.code().name})"
+        log.warning("job %s: waiting %.0fs in rendezvous; %s", job_id, waited, what)
+        return
+    for job in reply.jobs:
+        if job.job_id == job_id and job.state == "joining":
+            what = describe_not_joined(world_size, [m.rank for m in job.members])
+            log.warning("job %s: waiting %.0fs in rendezvous; %s", job_id, waited, what)

@@ -16,9 +16,8 @@ from typing import Any
 
 import grpc
 
-from collsvc.client.coordinator_channel import TlsProbe, heartbeat_keepalive, make_channel
+from collsvc.client.coordinator_channel import TlsProbe, heartbeat_keepalive, log_join_wait, make_channel
 from collsvc.client.join_relay import RelayedJoin, join_through_relay
-from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.client.relay_wire import RELAY_ENV
 from collsvc.errors import CollectiveTimeoutError, RendezvousError, error_from_rpc
@@ -141,10 +140,8 @@ class CoordinatorClient:
         if local_rank_hint is not None:
             request.local_rank_hint = local_rank_hint
         started = time.monotonic()
-        # Counted from when init made this client (it starts its peer endpoint and probes devices in
-        # between). The coordinator answers a Join that waited its whole timeout_s with who is missing;
-        # the call itself gives up a moment later, so that a frozen coordinator (it accepts the
-        # connection and never answers) fails the join within the timeout plus JOIN_REPLY_MARGIN.
+        # From when init made this client; a frozen coordinator (connects, never answers) fails the join
+        # JOIN_REPLY_MARGIN after the timeout, just after the coordinator's own answer (who is missing).
         deadline = self.created + self.join_timeout + JOIN_REPLY_MARGIN
         self._tls_probe.check(self.address, self.job_id, uses_tls=self.tls is not None, deadline=deadline)
         relayed = self._join_through_launcher(request, world_size, started, deadline)
@@ -217,24 +214,8 @@ class CoordinatorClient:
             raise
 
     def _log_join_wait(self, world_size: int, waited: float, deadline: float | None = None) -> None:
-        """Logs, while Join waits, which ranks have not joined (from the coordinator's status, asked
-        until ``deadline`` at most)."""
-        request = coordinator_pb2.GetStatusRequest(job_id=self.job_id)
-        limit = min(self.timeout, 5.0)
-        if deadline is not None:
-            limit = min(limit, deadline - time.monotonic())
-        if limit <= 0:
-            return
-        try:
-            reply = self.stub.GetStatus(request, timeout=limit, metadata=self.metadata)
-        except grpc.RpcError as exc:
-            what = f"coordinator {self.address} not reachable yet ({exc.code().name})"
-            log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
-            return
-        for job in reply.jobs:
-            if job.job_id == self.job_id and job.state == "joining":
-                what = describe_not_joined(world_size, [m.rank for m in job.members])
-                log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
+        """Logs, while Join waits, which ranks have not joined (see :func:`log_join_wait`)."""
+        log_join_wait(self.stub, self.address, self.job_id, self.metadata, world_size, waited, deadline, self.timeout)
 
     def members(self) -> list[common_pb2.Member]:
         """The member table of the joined job (the one the launcher fetched with the join, if it did)."""

@@ -26,7 +26,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from collsvc.options import CoordinatorOptions
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.coordinator import SERVICE, CoordinatorServicer, add_coordinator
-from collsvc.server.services.hub import DEFAULT_WAIT_S, Hub, monitor_period
+from collsvc.server.services.hub import DEFAULT_WAIT_S, Hub
+from collsvc.server.services.liveness import monitor_period
 
 if TYPE_CHECKING:  # prometheus-client is imported only when metrics are served
     from collsvc.server.metrics import MetricsEndpoint

@@ -25,17 +25,20 @@ def test_a_call_on_a_dropped_job_names_why_it_ended(start_coordinator: Callable[
 
     beater = threading.Thread(target=beat, daemon=True)
     beater.start()
+    failed: set[int] = set()
     try:
-        event = watch.next(timeout=5)
+        while failed != {0, 1}:  # one event, or one each when a busy machine splits them across rounds
+            event = watch.next(timeout=10)
+            assert event.kind == pb.EVENT_KIND_MEMBER_FAILED, event
+            failed.update(event.ranks)
     finally:
         stop.set()
         beater.join()
-    assert event.kind == pb.EVENT_KIND_MEMBER_FAILED and sorted(event.ranks) == [0, 1]
     client("Leave", pb.LeaveRequest(job_id="j", rank=2, member_secret=replies[2].member_secret))  # the job ends
     error = expect_error(lambda: client("NewGroup", pb.NewGroupRequest(job_id="j", name="g1", ranks=[0, 1, 2])))
     assert isinstance(error, JobEndedError) and isinstance(error, JobBrokenError), repr(error)
-    assert error.ranks == [0, 1] and "missed heartbeats" in error.reason, (error.ranks, error.reason)
-    assert "rank 0, 1 failed" in str(error)
+    assert sorted(error.ranks) == [0, 1] and "missed heartbeats" in error.reason, (error.ranks, error.reason)
+    assert "failed: missed heartbeats" in str(error)
     # A job that never existed is still a plain argument error, and the id can name a new job again.
     assert isinstance(expect_error(lambda: client("GetStatus", pb.GetStatusRequest(job_id="nope"))), ValueError)
     again = client.join_all("j", 1, lambda i: {"host": "h0"})

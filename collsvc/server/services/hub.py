@@ -23,6 +23,7 @@ from collsvc.server.services.broadcast import Broadcast
 from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.services.departure_news import DepartureNews
 from collsvc.server.services.heartbeat_pace import pace_for
+from collsvc.server.services.liveness import StallWatch, judge
 from collsvc.server.services.progress_requests import ProgressRequests
 from collsvc.server.state.barriers import BarrierKey
 from collsvc.server.state.common import Clock, Member, MemberState, WaitingInfo
@@ -241,8 +242,7 @@ class Hub:
         self.join_quota = JoinQuota(options.limits)
         self._clock = clock
         self._runtimes: dict[str, JobRuntime] = {}
-        self.last_tick: float | None = None  # when the heartbeat monitor last ran (None: never)
-        self.stalls = 0  # how many stalls of this coordinator the monitor noticed
+        self.stall_watch = StallWatch(options)  # when the heartbeat monitor last ran, and stalls seen
 
     def runtime(self, job: Job) -> JobRuntime:
         rt = self._runtimes.get(job.job_id)
@@ -361,47 +361,17 @@ class Hub:
             return  # replaced by a newer stream, or the member left
         del rt.streams[member.rank]
         rt.progress_requests.gone(member.rank)
-        if member.gone:
-            return
-        if self.stalled():
-            # This coordinator is resuming from a stall: the member's side may have given up on it
-            # meanwhile (its keepalive went unanswered) and is reconnecting. It gets a heartbeat timeout
-            # to come back (re-register and watch again), like any silent member.
-            member.last_heartbeat = self._clock()
-            log.warning(
-                "job %s rank %d: heartbeat stream closed while this coordinator was stalled; waiting for it "
-                "to reconnect",
-                rt.job.job_id, member.rank,
-            )  # fmt: skip
+        if member.gone or self.stall_watch.spare_closed(rt.job.job_id, member, self._clock()):
             return
         self.fail(rt, [member.rank], "its heartbeat stream closed without leaving the job")
 
     # -------------------------------------------------------------------------------- monitor
 
     def check_heartbeats(self) -> None:
-        """Fails every member silent for longer than the heartbeat timeout.
-
-        Many members of one job falling silent at once look like a stall of this coordinator (its
-        process was not scheduled, so it read nobody's heartbeats), not like many failures: their
-        clocks restart once (logged) and only those still silent a whole timeout later are failed.
-        """
+        """Fails every member silent for longer than the heartbeat timeout (see :func:`liveness.judge`)."""
         for job in self.registry.jobs():
             timeout = pace_for(self.options, job.world_size or 0).timeout
-            expired = job.expired(timeout)
-            if not expired:
-                continue
-            if _mass_silence(expired, job.alive_count()):
-                first = [m for m in expired if not m.pardoned]
-                if first:
-                    now = self._clock()
-                    for member in first:
-                        member.last_heartbeat, member.pardoned = now, True
-                    log.warning(
-                        "job %s: %d of its %d live members went silent at once (ranks %s); taking it for "
-                        "a stall of this coordinator and giving them another %gs",
-                        job.job_id, len(first), job.alive_count(), _ranks_text(first), timeout,
-                    )  # fmt: skip
-                    expired = [m for m in expired if m.pardoned and m not in first]
+            expired = judge(job, timeout, self._clock())
             silent = [m.rank for m in expired if m.registered]
             if silent:
                 self.fail(self.runtime(job), silent, f"missed heartbeats for {timeout:g}s")
@@ -410,73 +380,11 @@ class Hub:
                 reason = f"did not re-register within {timeout:g}s after the coordinator restarted"
                 self.fail(self.runtime(job), absent, reason)
 
-    def restart_clocks(self) -> int:
-        """Restarts the heartbeat clock of every live member of every job (after a stall of this
-        coordinator, when it could not read their heartbeats); returns how many members."""
-        now = self._clock()
-        count = 0
-        for job in self.registry.jobs():
-            count += job.restart_clocks(now)
-        return count
-
-    def stalled(self) -> bool:
-        """Whether the heartbeat monitor is overdue now (this coordinator is resuming from a stall
-        that the monitor has not handled yet)."""
-        last = self.last_tick
-        return last is not None and self._clock() - last > stall_threshold(self.options)
-
     def tick(self) -> None:
-        """One heartbeat monitor round: after a round that came late (this process was stopped or not
-        scheduled, and read no heartbeats meanwhile) every member's clock restarts and nobody is judged;
-        otherwise :meth:`check_heartbeats`."""
-        now = self._clock()
-        last, self.last_tick = self.last_tick, now
-        if last is not None and now - last > stall_threshold(self.options):
-            count = self.restart_clocks()
-            self.stalls += 1
-            log.warning(
-                "coordinator stalled for %.1fs (its process was stopped or not scheduled): restarting the "
-                "heartbeat clocks of %d members instead of judging them on heartbeats it could not read",
-                now - last, count,
-            )  # fmt: skip
-            return
-        self.check_heartbeats()
-
-    async def monitor(self) -> None:
-        """Runs :meth:`tick` every half heartbeat interval until cancelled."""
-        period = monitor_period(self.options)
-        while True:
-            await asyncio.sleep(period)
-            try:
-                self.tick()
-            except Exception:  # a bug here must not stop liveness checking for every job
-                log.exception("heartbeat monitor failed")
-
-
-# Members that fall silent in the same monitor round, at least this many and at least half of their
-# job's live members, are taken for a stall of the coordinator once (see Hub.check_heartbeats).
-MASS_SILENCE_MIN = 3
-
-
-def _mass_silence(expired: list[Member], alive: int) -> bool:
-    return len(expired) >= MASS_SILENCE_MIN and 2 * len(expired) >= alive
-
-
-def _ranks_text(members: list[Member], most: int = 16) -> str:
-    ranks = [m.rank for m in members]
-    return str(ranks) if len(ranks) <= most else f"{ranks[:most]} and {len(ranks) - most} more"
-
-
-def monitor_period(options: CoordinatorOptions) -> float:
-    """Seconds between heartbeat monitor rounds: half the heartbeat interval."""
-    return max(options.heartbeat_interval / 2, 0.01)
-
-
-def stall_threshold(options: CoordinatorOptions) -> float:
-    """A monitor round later than this after the previous one means the coordinator stalled: a round
-    period plus half the heartbeat timeout (the coordinator's own lateness that could already eat a
-    member's margin)."""
-    return monitor_period(options) + options.heartbeat_timeout / 2
+        """One heartbeat monitor round: :meth:`check_heartbeats`, unless it came late (see
+        :meth:`liveness.StallWatch.on_time`)."""
+        if self.stall_watch.on_time(self.registry.jobs(), self._clock()):
+            self.check_heartbeats()
 
 
 def hub_secrets(options: CoordinatorOptions) -> MemberSecrets:

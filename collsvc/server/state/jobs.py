@@ -314,19 +314,6 @@ class Job(FailureRecord):
         limit = self._clock() - timeout
         return [m for m in self.members if m.state == MemberState.ALIVE and m.last_heartbeat < limit]
 
-    def alive_count(self) -> int:
-        """Members neither left nor failed."""
-        return len(self.members) - self._gone if self.complete else 0
-
-    def restart_clocks(self, now: float) -> int:
-        """Restarts the heartbeat clock of every live member at ``now``; returns how many."""
-        if not self.complete:
-            return 0
-        alive = [m for m in self.members if m.state == MemberState.ALIVE]
-        for member in alive:
-            member.last_heartbeat = max(member.last_heartbeat, now)
-        return len(alive)
-
     @property
     def finished(self) -> bool:
         """True when nobody is left: every member left or failed (or nobody joined and no data)."""
