@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # Extra seconds the client waits beyond a server-side wait, so the server's answer wins the race.
 SERVER_WAIT_MARGIN = 5.0
 # How long after its timeout a Join gives up on a coordinator that did not answer (see join).
-JOIN_REPLY_MARGIN = 0.5
+JOIN_REPLY_MARGIN = 0.8
 
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
@@ -140,8 +140,8 @@ class CoordinatorClient:
         if local_rank_hint is not None:
             request.local_rank_hint = local_rank_hint
         started = time.monotonic()
-        # From when init made this client; a frozen coordinator (connects, never answers) fails the join
-        # JOIN_REPLY_MARGIN after the timeout, just after the coordinator's own answer (who is missing).
+        # From when init made this client: a frozen coordinator (connects, never answers) fails the join
+        # JOIN_REPLY_MARGIN after the timeout; a live one answers (who is missing) a timeout after receipt.
         deadline = self.created + self.join_timeout + JOIN_REPLY_MARGIN
         self._tls_probe.check(self.address, self.job_id, uses_tls=self.tls is not None, deadline=deadline)
         relayed = self._join_through_launcher(request, world_size, started, deadline)
@@ -198,8 +198,6 @@ class CoordinatorClient:
     def _join_once(
         self, request: coordinator_pb2.JoinRequest, world_size: int, started: float, deadline: float
     ) -> coordinator_pb2.JoinResponse:
-        # The coordinator's own wait ends a margin before this call's, so its answer (who is missing) wins.
-        request.timeout_s = max(deadline - time.monotonic() - JOIN_REPLY_MARGIN, 0.01)
         future = self.stub.Join.future(
             request, timeout=max(deadline - time.monotonic(), 0.01), metadata=self.metadata, wait_for_ready=True
         )

@@ -4,7 +4,6 @@ per-collective timeout stays long."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -33,7 +32,6 @@ def test_join_timeout_bounds_the_wait_for_peers_only() -> None:
         done = subprocess.run([sys.executable, "-c", ALONE], env=env, capture_output=True, text=True, timeout=60)
         elapsed = time.monotonic() - started
     assert "RendezvousError:" in done.stdout, done.stdout + done.stderr
-    # The coordinator waits what is left of the 1.5 s once the Join reaches it (init started the clock).
-    assert re.search(r"within 1(\.\d+)?s; ranks that never joined: \[1\]", done.stdout), done.stdout
+    assert "within 1.5s; ranks that never joined: [1]" in done.stdout, done.stdout
     assert elapsed < 30, elapsed  # the collective timeout (120 s) did not apply
     print(f"MEASURED join timeout 1.5 s: init failed after {elapsed:.2f}s (process start included)")
