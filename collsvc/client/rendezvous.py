@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # Extra seconds the client waits beyond a server-side wait, so the server's answer wins the race.
 SERVER_WAIT_MARGIN = 5.0
 # How long after its timeout a Join gives up on a coordinator that did not answer (see join).
-JOIN_REPLY_MARGIN = 0.8
+JOIN_REPLY_MARGIN = 0.6
 
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
