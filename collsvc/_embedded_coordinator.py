@@ -33,9 +33,19 @@ class EmbeddedCoordinator:
         token: the job token every call must carry.
         on_failure: called on the starting thread when the coordinator cannot start, to stop the
             ranks that wait for it.
+        heartbeat_interval, heartbeat_timeout: its heartbeat pace (see :func:`collsvc.launcher.embedded_pace`).
     """
 
-    def __init__(self, token: str, *, on_failure: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        token: str,
+        *,
+        on_failure: Callable[[], None],
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float = 5.0,
+    ) -> None:
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
         self.port = 0  # the reserved port, once reserve() returned
         self.error: BaseException | None = None  # why it could not start
         self._token = token
@@ -95,7 +105,14 @@ class EmbeddedCoordinator:
             from collsvc.options import CoordinatorOptions
             from collsvc.server.app import CoordinatorThread
 
-            server = CoordinatorThread(CoordinatorOptions(host=HOST, port=self.port, token=self._token))
+            options = CoordinatorOptions(
+                host=HOST,
+                port=self.port,
+                token=self._token,
+                heartbeat_interval=self.heartbeat_interval,
+                heartbeat_timeout=self.heartbeat_timeout,
+            )
+            server = CoordinatorThread(options)
             server.start()  # RuntimeError when not listening within its own 30 s
             self._server = server
         except Exception as exc:  # noqa: BLE001 - any failure to start is reported in one line

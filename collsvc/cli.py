@@ -123,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="stop every rank when the job runs longer than this; exit 124 (default: no limit)",
     )
+    run.add_argument(
+        "--heartbeat-timeout",
+        type=_positive_float,
+        metavar="S",
+        help="seconds of silence before the embedded coordinator fails a rank; ranks then heartbeat every "
+        "S/5 s (default: 5, and in proportion more past 8 ranks per core, which cannot all be heard "
+        "in time; not with --coordinator, whose own --heartbeat-timeout rules)",
+    )
     # Elastic jobs (collsvc/elastic/launch.py).
     run.add_argument(
         "--min-ranks",
@@ -284,11 +292,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.heartbeat_timeout is not None and args.coordinator:
+        raise UsageError("--heartbeat-timeout sets the embedded coordinator's; give it to `collsvc coordinator`")
     if spec.elastic:
         from collsvc.elastic.launch import ElasticLauncher
 
-        return launch(spec, ElasticLauncher(spec))
-    return launch(spec)
+        return launch(spec, ElasticLauncher(spec), heartbeat_timeout=args.heartbeat_timeout)
+    return launch(spec, heartbeat_timeout=args.heartbeat_timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

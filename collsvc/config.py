@@ -42,6 +42,7 @@ coordinator listens, see :func:`coordinator_ready_fd`).
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import socket
@@ -88,6 +89,56 @@ def _int_from(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
         return int(value)
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+# Ranges of the number-of-seconds variables: (least, most) accepted.
+HEARTBEAT_INTERVAL_RANGE = (0.01, 60.0)
+COORDINATOR_GRACE_RANGE = (0.0, 86400.0)
+JOIN_TIMEOUT_RANGE = (0.001, 7 * 86400.0)
+
+
+def seconds_from(env: Mapping[str, str], name: str, default: float | None, low: float, high: float) -> float | None:
+    """The number of seconds ``env[name]`` gives (``default`` when unset or empty).
+
+    Raises:
+        ValueError: not a number, or outside ``[low, high]`` (nan and infinity included); the message
+            names the variable and the range.
+    """
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # also false for nan
+        raise ValueError(f"environment variable {name}={raw!r} must be a number of seconds in [{low:g}, {high:g}]")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A yes/no variable: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (``default`` when unset).
+
+    Raises:
+        ValueError: another value (the message names the variable and what it accepts).
+    """
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={raw!r} must be 1 or 0 (or true/false, yes/no, on/off)")
+
+
+def _int_in(env: Mapping[str, str], name: str, low: int, high: int | None = None) -> int | None:
+    value = _int_from(env, (name,))
+    if value is not None and (value < low or (high is not None and value > high)):
+        accepted = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"environment variable {name}={value} must be an integer {accepted}")
+    return value
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
@@ -224,7 +275,7 @@ def leave_on_sigterm(env: Mapping[str, str] | None = None) -> bool:
     """Whether SIGTERM should leave the job before the process dies (``COLLSVC_LEAVE_ON_SIGTERM=1``;
     ``collsvc run`` sets it for its ranks, which it stops with SIGTERM)."""
     env = os.environ if env is None else env
-    return env.get("COLLSVC_LEAVE_ON_SIGTERM", "0") == "1"
+    return _flag(env, "COLLSVC_LEAVE_ON_SIGTERM", False)
 
 
 def resolve_init(
@@ -241,7 +292,10 @@ def resolve_init(
 
     Raises:
         ValueError: no coordinator or world size can be found (the message names the variables to set),
-            a variable is not an integer, or a value is out of range.
+            a variable is not an integer, or a value is out of range (the message names the variable
+            and the range: ``COLLSVC_HEARTBEAT_INTERVAL`` in [0.01, 60] seconds,
+            ``COLLSVC_COORDINATOR_GRACE`` in [0, 86400], ``COLLSVC_JOIN_TIMEOUT`` in (0, 604800],
+            ``COLLSVC_PEER_PORT`` in [0, 65535]; yes/no variables take 1/0, true/false, yes/no, on/off).
     """
     from collsvc.options import InitOptions
 
@@ -273,10 +327,10 @@ def resolve_init(
         raise ValueError(f"backend must be 'auto', 'nccl' or 'ring', got {backend!r}")
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    heartbeat = float(env.get("COLLSVC_HEARTBEAT_INTERVAL", "1.0"))
-    join_timeout = float(env["COLLSVC_JOIN_TIMEOUT"]) if env.get("COLLSVC_JOIN_TIMEOUT") else None
-    if join_timeout is not None and not join_timeout > 0:
-        raise ValueError(f"COLLSVC_JOIN_TIMEOUT must be > 0 seconds, got {join_timeout}")
+    heartbeat = seconds_from(env, "COLLSVC_HEARTBEAT_INTERVAL", 1.0, *HEARTBEAT_INTERVAL_RANGE)
+    grace = seconds_from(env, "COLLSVC_COORDINATOR_GRACE", 20.0, *COORDINATOR_GRACE_RANGE)
+    join_timeout = seconds_from(env, "COLLSVC_JOIN_TIMEOUT", None, *JOIN_TIMEOUT_RANGE)
+    assert heartbeat is not None and grace is not None  # they have defaults
     return InitOptions(
         coordinator=coordinator,
         world_size=world_size,
@@ -290,12 +344,12 @@ def resolve_init(
         advertise_address=env.get("COLLSVC_ADVERTISE_ADDRESS") or None,
         tls=tls_from_env(env),
         heartbeat_interval=heartbeat,
-        allow_pickle=env.get("COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE", "0") == "1",
-        peer_port=_int_from(env, ("COLLSVC_PEER_PORT",)) or 0,
-        coordinator_grace=float(env.get("COLLSVC_COORDINATOR_GRACE", "20")),
-        shared_memory=env.get("COLLSVC_SHM", "1") != "0",
-        small_bytes=_int_from(env, ("COLLSVC_RING_SMALL_BYTES",)),
-        rooted_agreement=env.get("COLLSVC_ROOTED_AGREEMENT", "1") != "0",
+        allow_pickle=_flag(env, "COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE", False),
+        peer_port=_int_in(env, "COLLSVC_PEER_PORT", 0, 65535) or 0,
+        coordinator_grace=grace,
+        shared_memory=_flag(env, "COLLSVC_SHM", True),
+        small_bytes=_int_in(env, "COLLSVC_RING_SMALL_BYTES", 0),
+        rooted_agreement=_flag(env, "COLLSVC_ROOTED_AGREEMENT", True),
         hierarchical=_choice(env, "COLLSVC_HIERARCHICAL", ("auto", "always", "never")),
         join_timeout=join_timeout,
     )
@@ -379,7 +433,7 @@ def fast_path_enabled(env: Mapping[str, str] | None = None) -> bool:
     reduce_scatter calls of numpy arrays, and barriers, on one host skip the general layers
     (``client/fast_path.py``);
     ``0`` turns it off, to compare or to rule it out."""
-    return (os.environ if env is None else env).get("COLLSVC_FAST_PATH", "1") != "0"
+    return _flag(os.environ if env is None else env, "COLLSVC_FAST_PATH", True)
 
 
 def debug_enabled(env: Mapping[str, str] | None = None) -> bool:

@@ -7,7 +7,8 @@ anything is sent, raise the built-in :class:`ValueError` or :class:`TypeError` i
     ├── JobBrokenError              the job cannot go on as it is (catch this to re-form or restart)
     │   ├── RankFailedError         a member died, froze or left while others still needed it
     │   ├── CollectiveMismatchError members called different collectives at the same step
-    │   └── AbortedError            a member aborted the job
+    │   ├── AbortedError            a member aborted the job
+    │   └── JobEndedError           the coordinator no longer has the job: it ended (says why, and who)
     ├── CollectiveTimeoutError      a collective or barrier outlived its timeout (names who is missing)
     ├── RendezvousError             joining failed, or the coordinator was lost past its grace period
     ├── AuthenticationError         missing or wrong token, or TLS refused
@@ -127,6 +128,21 @@ class AbortedError(JobBrokenError):
         self.reason = reason
 
 
+class JobEndedError(JobBrokenError):
+    """The coordinator no longer has this member's job: it ended while this member still used it
+    (every member failed or left, e.g. this one was declared failed meanwhile), so it was forgotten.
+
+    Attributes:
+        reason: why the job ended, as the coordinator recorded it ("" when it no longer knows).
+        ranks: the ranks that caused it, where known (the failed ranks; [] otherwise).
+    """
+
+    def __init__(self, message: str, reason: str = "", ranks: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.ranks = list(ranks)
+
+
 class BackendUnavailableError(CollsvcError):
     """The requested backend cannot run here (for NCCL: no CuPy or no GPU); the message says how to fix it."""
 
@@ -172,7 +188,10 @@ def status_for(reason: int) -> grpc.StatusCode:
 
 
 def reason_for(error: CollsvcError) -> int:
-    """The :class:`ErrorReason` value that stands for ``error`` on the wire."""
+    """The :class:`ErrorReason` value that stands for ``error`` on the wire (a :class:`JobEndedError`
+    travels as NOT_FOUND with its reason in the details)."""
+    if isinstance(error, JobEndedError):
+        return Reason.ERROR_REASON_NOT_FOUND
     for cls in type(error).__mro__:
         if cls in _BY_TYPE:
             return _BY_TYPE[cls][0]
@@ -189,6 +208,8 @@ def error_details(error: CollsvcError) -> dict[str, Any]:
         return {"details": {str(k): v for k, v in error.details.items()}}
     if isinstance(error, AbortedError):
         return {"reason": error.reason}
+    if isinstance(error, JobEndedError):
+        return {"ended": error.reason, "ranks": error.ranks}
     return {}
 
 
@@ -217,7 +238,8 @@ def error_from_rpc(exc: grpc.RpcError, what: str) -> CollsvcError | ValueError:
 
     Returns:
         The exception to raise (the caller chains it with ``from exc``). INVALID_ARGUMENT and
-        NOT_FOUND replies become ``ValueError``; transport failures become :class:`RendezvousError`.
+        NOT_FOUND replies become ``ValueError``, except a NOT_FOUND for a job that ended, which becomes
+        :class:`JobEndedError`; transport failures become :class:`RendezvousError`.
     """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     detail = exc.details() if hasattr(exc, "details") else str(exc)
@@ -229,10 +251,12 @@ def error_from_rpc(exc: grpc.RpcError, what: str) -> CollsvcError | ValueError:
     message = f"{what}: {detail}"
     if reason_name:
         reason = Reason.Value(reason_name) if reason_name in Reason.keys() else 0  # noqa: SIM118 - protobuf enum wrapper
-        if reason in (Reason.ERROR_REASON_INVALID_ARGUMENT, Reason.ERROR_REASON_NOT_FOUND):
-            return ValueError(message)
         raw = meta.get(DETAILS_METADATA_KEY, "")
         details = json.loads(raw) if raw else {}
+        if reason == Reason.ERROR_REASON_NOT_FOUND and isinstance(details, dict) and "ended" in details:
+            return JobEndedError(message, str(details["ended"]), [int(r) for r in details.get("ranks", [])])
+        if reason in (Reason.ERROR_REASON_INVALID_ARGUMENT, Reason.ERROR_REASON_NOT_FOUND):
+            return ValueError(message)
         return build_error(reason, message, details)
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return AuthenticationError(message)
@@ -254,6 +278,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "CollsvcError",
+    "JobEndedError",
     "RankFailedError",
     "RendezvousError",
     "ResourceLimitError",

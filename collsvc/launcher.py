@@ -39,6 +39,35 @@ from collsvc.config import COORDINATOR_READY_ENV, thread_defaults
 from collsvc.failure_report import REPORT_DIR_ENV, failure_summary, read_reports
 
 EXIT_TIMEOUT = 124  # like coreutils timeout(1)
+# Ranks per core that keep the default heartbeat pace (1 s, failed after 5 s of silence). Past it, the
+# ranks, the launcher and its embedded coordinator share too little CPU to send and read every
+# heartbeat in time (measured on 2 cores, docs/operations.md), so the pace slows in proportion.
+RANKS_PER_CORE_AT_DEFAULT_PACE = 8
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+
+
+def embedded_pace(nproc: int, cores: int, timeout: float | None = None) -> tuple[float, float]:
+    """(heartbeat interval, heartbeat timeout) in seconds for the embedded coordinator of ``nproc``
+    ranks on ``cores`` cores: the defaults up to :data:`RANKS_PER_CORE_AT_DEFAULT_PACE` ranks per core,
+    proportionally slower above. ``timeout`` (``--heartbeat-timeout``) overrides the timeout; the
+    interval is then a fifth of it, at most the scaled one.
+    """
+    scale = max(1.0, nproc / (max(cores, 1) * RANKS_PER_CORE_AT_DEFAULT_PACE))
+    interval, scaled_timeout = DEFAULT_HEARTBEAT_INTERVAL * scale, DEFAULT_HEARTBEAT_TIMEOUT * scale
+    if timeout is None:
+        return interval, scaled_timeout
+    return min(interval, max(timeout / 5, 0.01)), timeout
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 _AFTER_KILL_WAIT = 5.0  # seconds to wait for SIGKILLed ranks to be reaped before giving up on them
 _PUMP_JOIN = 2.0  # seconds to let the output copiers drain after the ranks exited
 
@@ -64,6 +93,7 @@ class Launcher:
         self._signals_sent: set[int] = set()  # signals the launcher sent its ranks
         self._report_dir: str | None = None  # where ranks write why they failed (failure_report)
         self.embedded: EmbeddedCoordinator | None = None  # started once the ranks are (see launch)
+        self.heartbeat_interval: float | None = None  # the embedded coordinator's pace, given to the ranks
         self._relay: JoinRelay | None = None  # joins the ranks in one call (see run)
         self._fork_server: ForkServer | None = None  # started with the first rank (see _spawn)
 
@@ -98,6 +128,8 @@ class Launcher:
             if ready is not None:  # the ranks wait for it (see collsvc/_embedded_coordinator.py)
                 env[COORDINATOR_READY_ENV] = ready[1]
             env.update(self._relay.environment() if self._relay is not None else {})
+            if self.heartbeat_interval is not None and not os.environ.get("COLLSVC_HEARTBEAT_INTERVAL"):
+                env["COLLSVC_HEARTBEAT_INTERVAL"] = f"{self.heartbeat_interval:g}"
             pass_fds = (ready[0],) if ready is not None else ()
             if self._fork_server is None and self.spec.start_method == FORK_SERVER and can_fork(self.spec.command):
                 self._fork_server = ForkServer(env, pass_fds, script_preloads(self.spec.command))
@@ -283,12 +315,14 @@ class Launcher:
         return 0
 
 
-def launch(spec: LaunchSpec, launcher: Launcher | None = None) -> int:
+def launch(spec: LaunchSpec, launcher: Launcher | None = None, *, heartbeat_timeout: float | None = None) -> int:
     """Runs ``spec`` to completion, with an embedded coordinator unless ``spec.coordinator`` is set.
 
     Args:
         spec: what to start.
         launcher: who supervises the ranks (default: a :class:`Launcher`; elastic jobs pass theirs).
+        heartbeat_timeout: seconds of silence before the embedded coordinator fails a rank (default:
+            5, more for more ranks per core, see :func:`embedded_pace`).
 
     Returns:
         The exit status of ``collsvc run`` (see :meth:`Launcher.run`); 1 when the embedded coordinator fails.
@@ -298,7 +332,19 @@ def launch(spec: LaunchSpec, launcher: Launcher | None = None) -> int:
         return merge_timeline(spec, launcher, launcher.run(spec.coordinator, spec.token))
     os.environ.update(thread_defaults(os.environ, spec.nproc))  # here too: the coordinator loads OpenBLAS
     token = secrets.token_urlsafe(32)
-    coordinator = EmbeddedCoordinator(token, on_failure=launcher.stop_ranks)
+    cores = usable_cores()
+    interval, timeout = embedded_pace(spec.nproc, cores, heartbeat_timeout)
+    if heartbeat_timeout is None and timeout > DEFAULT_HEARTBEAT_TIMEOUT:
+        write_line(
+            sys.stderr,
+            f"collsvc run: {spec.nproc} ranks on {cores} cores: ranks heartbeat every {interval:g} s and one "
+            f"silent for {timeout:g} s is failed (more than {RANKS_PER_CORE_AT_DEFAULT_PACE} ranks per core "
+            "cannot keep the 5 s default; --heartbeat-timeout sets it)\n",
+        )
+    launcher.heartbeat_interval = interval
+    coordinator = EmbeddedCoordinator(
+        token, on_failure=launcher.stop_ranks, heartbeat_interval=interval, heartbeat_timeout=timeout
+    )
     address = coordinator.reserve()
     said: list[str] = []  # printed once the coordinator has stopped, after its last log lines
     launcher._say, code = said.append, 1

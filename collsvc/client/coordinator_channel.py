@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import time
@@ -13,6 +14,8 @@ import grpc
 from collsvc.client.backends.grpc_options import channel_credentials, keepalive_options
 from collsvc.errors import AuthenticationError
 from collsvc.options import TlsFiles
+
+log = logging.getLogger(__name__)
 
 # A rank may dial before its coordinator listens; gRPC's default 1 s reconnect backoff would dominate
 # start-up, so retry quickly (measured: 1.3 s -> 0.4 s to the first barrier). gRPC retries a refused
@@ -112,19 +115,27 @@ class TlsProbe:
         if self._sent is None:
             self._sent = self._check.future(b"", timeout=self._timeout)
 
-    def refusal(self, attempts: int = 3) -> str | None:
+    def refusal(self, attempts: int = 3, deadline: float | None = None) -> str | None:
         """gRPC's words for the last failure when every call failed the way a TLS refusal does; None
-        when the coordinator answered, or is not up yet."""
+        when the coordinator answered, is not up yet, or did not answer before ``deadline``
+        (``time.monotonic()`` seconds; a frozen coordinator accepts the connection and never answers)."""
         detail = ""
         for attempt in range(attempts):
             if attempt:
                 time.sleep(0.05)
+            remaining = self._timeout if deadline is None else min(self._timeout, deadline - time.monotonic())
+            if remaining <= 0:
+                return None
             sent, self._sent = self._sent, None
             try:
                 if sent is not None:
-                    sent.result()
+                    try:
+                        sent.result(timeout=remaining)
+                    except grpc.FutureTimeoutError:
+                        sent.cancel()
+                        return None
                 else:
-                    self._check(b"", timeout=self._timeout)
+                    self._check(b"", timeout=remaining)
                 return None
             except grpc.RpcError as exc:
                 detail = (exc.details() if hasattr(exc, "details") else "") or ""
@@ -134,16 +145,16 @@ class TlsProbe:
                     return None
         return detail
 
-    def check(self, address: str, job_id: str, *, uses_tls: bool) -> None:
+    def check(self, address: str, job_id: str, *, uses_tls: bool, deadline: float | None = None) -> None:
         """Fails fast when the coordinator is up but refuses this client's TLS (or its lack of TLS).
 
         Join waits for the coordinator to come up (wait_for_ready), so a refused handshake would look
-        like an absent coordinator until the whole timeout passed.
+        like an absent coordinator until the whole timeout passed. It probes until ``deadline`` at most.
 
         Raises:
             AuthenticationError: every probe failed the way a TLS refusal does.
         """
-        detail = self.refusal()
+        detail = self.refusal(deadline=deadline)
         if detail is None:
             return  # up (or not up yet): Join reports or waits as usual
         hint = (
@@ -175,3 +186,35 @@ def wait_for_launch_signal(fd: int, timeout: float) -> None:
         select.select([fd], [], [], max(timeout, 0.0))
     finally:
         os.close(fd)
+
+
+def log_join_wait(
+    stub: Any,
+    address: str,
+    job_id: str,
+    metadata: Any,
+    world_size: int,
+    waited: float,
+    deadline: float | None,
+    timeout: float,
+) -> None:
+    """Logs, while a Join waits, which ranks have not joined, from the coordinator's status (asked for
+    ``timeout`` seconds, at most 5, and never past ``deadline``)."""
+    from collsvc.client.join_report import describe_not_joined
+    from collsvc.proto.v1 import coordinator_pb2
+
+    limit = min(timeout, 5.0)
+    if deadline is not None:
+        limit = min(limit, deadline - time.monotonic())
+    if limit <= 0:
+        return
+    try:
+        reply = stub.GetStatus(coordinator_pb2.GetStatusRequest(job_id=job_id), timeout=limit, metadata=metadata)
+    except grpc.RpcError as exc:
+        what = f"coordinator {address} not reachable yet ({exc.code().name})"
+        log.warning("job %s: waiting %.0fs in rendezvous; %s", job_id, waited, what)
+        return
+    for job in reply.jobs:
+        if job.job_id == job_id and job.state == "joining":
+            what = describe_not_joined(world_size, [m.rank for m in job.members])
+            log.warning("job %s: waiting %.0fs in rendezvous; %s", job_id, waited, what)

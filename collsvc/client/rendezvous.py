@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 
+from collsvc.client.coordinator_channel import log_join_wait
 from collsvc.client.coordinator_channels import CoordinatorChannels
 from collsvc.client.join_relay import RelayedJoin, join_through_relay
-from collsvc.client.join_report import describe_not_joined
 from collsvc.client.reconnect import CoordinatorLink, MemberJournal
 from collsvc.client.relay_wire import RELAY_ENV
 from collsvc.errors import CollectiveTimeoutError, CollsvcError, RendezvousError, error_from_rpc
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # Extra seconds the client waits beyond a server-side wait, so the server's answer wins the race.
 SERVER_WAIT_MARGIN = 5.0
+# How long after its timeout a Join gives up on a coordinator that did not answer (see join).
+JOIN_REPLY_MARGIN = 0.6
 
 # How often a member waiting in rendezvous logs which ranks have not joined yet.
 JOIN_REPORT_INTERVAL = 10.0
@@ -55,6 +57,7 @@ class CoordinatorClient(CoordinatorChannels):
         join_timeout: float | None = None,
     ) -> None:
         super().__init__(address, job_id, tls, timeout)
+        self.created = time.monotonic()  # a join gives up ``join_timeout`` after this (see join)
         self.join_timeout = timeout if join_timeout is None else join_timeout  # waiting for every member
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self.rank: int | None = None
@@ -104,9 +107,11 @@ class CoordinatorClient(CoordinatorChannels):
             request.requested_rank = rank
         if local_rank_hint is not None:
             request.local_rank_hint = local_rank_hint
-        self._tls_probe.check(self.address, self.job_id, uses_tls=self.tls is not None)
         started = time.monotonic()
-        deadline = started + self.join_timeout + SERVER_WAIT_MARGIN
+        # From when init made this client: a frozen coordinator (connects, never answers) fails the join
+        # JOIN_REPLY_MARGIN after the timeout; a live one answers (who is missing) a timeout after receipt.
+        deadline = self.created + self.join_timeout + JOIN_REPLY_MARGIN
+        self._tls_probe.check(self.address, self.job_id, uses_tls=self.tls is not None, deadline=deadline)
         relayed = self._join_through_launcher(request, world_size, started, deadline)
         if relayed is not None:
             self._members_reply = relayed.members
@@ -120,6 +125,11 @@ class CoordinatorClient(CoordinatorChannels):
                 # idempotency key makes a coordinator that still has it find the same member.
                 if self._stranger_answered(exc, deadline, "join"):
                     continue
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise RendezvousError(
+                        f"join (coordinator {self.address}, job '{self.job_id}'): no answer from the coordinator "
+                        f"within the {self.join_timeout:g}s timeout (not reachable, frozen or overloaded?)"
+                    ) from exc
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
                     raise error_from_rpc(exc, f"join (coordinator {self.address}, job '{self.job_id}')") from exc
                 log.info("job %s: join interrupted (%s); joining again", self.job_id, exc.code().name)
@@ -167,24 +177,14 @@ class CoordinatorClient(CoordinatorChannels):
                 try:
                     return future.result(timeout=JOIN_REPORT_INTERVAL)  # type: ignore[no-any-return]
                 except grpc.FutureTimeoutError:
-                    self._log_join_wait(world_size, time.monotonic() - started)
+                    self._log_join_wait(world_size, time.monotonic() - started, deadline)
         except BaseException:
             future.cancel()
             raise
 
-    def _log_join_wait(self, world_size: int, waited: float) -> None:
-        """Logs, while Join waits, which ranks have not joined (from the coordinator's status)."""
-        request = coordinator_pb2.GetStatusRequest(job_id=self.job_id)
-        try:
-            reply = self.stub.GetStatus(request, timeout=min(self.timeout, 5.0), metadata=self.metadata)
-        except grpc.RpcError as exc:
-            what = f"coordinator {self.address} not reachable yet ({exc.code().name})"
-            log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
-            return
-        for job in reply.jobs:
-            if job.job_id == self.job_id and job.state == "joining":
-                what = describe_not_joined(world_size, [m.rank for m in job.members])
-                log.warning("job %s: waiting %.0fs in rendezvous; %s", self.job_id, waited, what)
+    def _log_join_wait(self, world_size: int, waited: float, deadline: float | None = None) -> None:
+        """Logs, while Join waits, which ranks have not joined (see :func:`log_join_wait`)."""
+        log_join_wait(self.stub, self.address, self.job_id, self.metadata, world_size, waited, deadline, self.timeout)
 
     def members(self) -> list[common_pb2.Member]:
         """The member table of the joined job (the one the launcher fetched with the join, if it did)."""

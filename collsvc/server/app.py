@@ -27,6 +27,7 @@ from collsvc.options import CoordinatorOptions
 from collsvc.server.request_limits import RequestLimits
 from collsvc.server.services.coordinator import SERVICE, CoordinatorServicer, add_coordinator
 from collsvc.server.services.hub import DEFAULT_WAIT_S, Hub
+from collsvc.server.services.liveness import monitor_period
 
 if TYPE_CHECKING:  # prometheus-client is imported only when metrics are served
     from collsvc.server.metrics import MetricsEndpoint
@@ -197,12 +198,12 @@ def _start_metrics(
 
 async def _monitor(server: grpc.aio.Server, hub: Hub, metrics: MetricsEndpoint | None = None) -> None:
     """Checks heartbeats every half interval for exactly as long as the server runs (and serves metrics as long)."""
-    period = max(hub.options.heartbeat_interval / 2, 0.01)
+    period = monitor_period(hub.options)
     try:
         # wait_for_termination returns True when the *timeout* passed and False once the server stopped.
         while await server.wait_for_termination(timeout=period):
             try:
-                hub.check_heartbeats()
+                hub.tick()
             except Exception:  # a bug here must not stop liveness checks for every job
                 log.exception("heartbeat monitor failed")
     finally:

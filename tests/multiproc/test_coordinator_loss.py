@@ -35,13 +35,13 @@ KV_WAIT = 30.0
 class Coordinator:
     """A coordinator daemon process on 127.0.0.1 (a fixed port once known, so it can be restarted)."""
 
-    def __init__(self, tmp: Path, port: int = 0) -> None:
+    def __init__(self, tmp: Path, port: int = 0, extra: tuple[str, ...] = ()) -> None:
         token = tmp / "token"
         token.write_text(TOKEN)
         env = {k: v for k, v in os.environ.items() if not k.startswith("COLLSVC_")}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "collsvc", "coordinator", "--port", str(port), "--token-file", str(token)],
+            [sys.executable, "-m", "collsvc", "coordinator", "--port", str(port), "--token-file", str(token), *extra],
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             env=env,

@@ -23,6 +23,7 @@ from collsvc.server.services.broadcast import Broadcast
 from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.services.departure_news import DepartureNews
 from collsvc.server.services.heartbeat_pace import pace_for
+from collsvc.server.services.liveness import StallWatch, judge
 from collsvc.server.services.progress_requests import ProgressRequests
 from collsvc.server.state.barriers import BarrierKey
 from collsvc.server.state.common import Clock, Member, MemberState, WaitingInfo
@@ -241,6 +242,7 @@ class Hub:
         self.join_quota = JoinQuota(options.limits)
         self._clock = clock
         self._runtimes: dict[str, JobRuntime] = {}
+        self.stall_watch = StallWatch(options)  # when the heartbeat monitor last ran, and stalls seen
 
     def runtime(self, job: Job) -> JobRuntime:
         rt = self._runtimes.get(job.job_id)
@@ -359,16 +361,17 @@ class Hub:
             return  # replaced by a newer stream, or the member left
         del rt.streams[member.rank]
         rt.progress_requests.gone(member.rank)
-        if not member.gone:
-            self.fail(rt, [member.rank], "its heartbeat stream closed without leaving the job")
+        if member.gone or self.stall_watch.spare_closed(rt.job.job_id, member, self._clock()):
+            return
+        self.fail(rt, [member.rank], "its heartbeat stream closed without leaving the job")
 
     # -------------------------------------------------------------------------------- monitor
 
     def check_heartbeats(self) -> None:
-        """Fails every member silent for longer than the heartbeat timeout."""
+        """Fails every member silent for longer than the heartbeat timeout (see :func:`liveness.judge`)."""
         for job in self.registry.jobs():
             timeout = pace_for(self.options, job.world_size or 0).timeout
-            expired = job.expired(timeout)
+            expired = judge(job, timeout, self._clock())
             silent = [m.rank for m in expired if m.registered]
             if silent:
                 self.fail(self.runtime(job), silent, f"missed heartbeats for {timeout:g}s")
@@ -377,15 +380,11 @@ class Hub:
                 reason = f"did not re-register within {timeout:g}s after the coordinator restarted"
                 self.fail(self.runtime(job), absent, reason)
 
-    async def monitor(self) -> None:
-        """Runs :meth:`check_heartbeats` every half heartbeat interval until cancelled."""
-        period = max(self.options.heartbeat_interval / 2, 0.01)
-        while True:
-            await asyncio.sleep(period)
-            try:
-                self.check_heartbeats()
-            except Exception:  # a bug here must not stop liveness checking for every job
-                log.exception("heartbeat monitor failed")
+    def tick(self) -> None:
+        """One heartbeat monitor round: :meth:`check_heartbeats`, unless it came late (see
+        :meth:`liveness.StallWatch.on_time`)."""
+        if self.stall_watch.on_time(self.registry.jobs(), self._clock()):
+            self.check_heartbeats()
 
 
 def hub_secrets(options: CoordinatorOptions) -> MemberSecrets:

@@ -76,6 +76,9 @@ class Member:
     last_heartbeat: float = 0.0
     # False for a member of a rebuilt job (coordinator restart) until it re-registers.
     registered: bool = True
+    # Set when its silence was taken for a stall of the coordinator (its clock restarted once); cleared
+    # by its next heartbeat.
+    pardoned: bool = False
     progress: dict[str, ProgressRecord] = field(default_factory=dict)
     # (op, group) -> the member's latest running totals (a CollectiveStats message) from its heartbeats.
     stats: dict[tuple[str, str], Any] = field(default_factory=dict)

@@ -266,6 +266,7 @@ class Job(FailureRecord):
     def heartbeat(self, member: Member, progress: Iterable[tuple[str, int, int, str]] = ()) -> None:
         """Refreshes ``member``'s liveness and records its progress per group."""
         member.last_heartbeat = self._clock()
+        member.pardoned = False
         for group, started, finished, last_op in progress:
             record = member.progress.get(group)
             if record is None:

@@ -188,6 +188,56 @@ def test_a_large_job_heartbeats_less_often_and_waits_longer_in_proportion(clock:
     assert all(m.state == MemberState.ALIVE for m in members)
     rt.job.heartbeat(members[0])
     clock.advance(4.5)
+    hub.check_heartbeats()  # all but one silent at once: taken for a stall of the coordinator, once
+    assert all(m.state == MemberState.ALIVE for m in members)
+    rt.job.heartbeat(members[0])
+    clock.advance(10.5)
     hub.check_heartbeats()
     assert members[0].state == MemberState.ALIVE
     assert all(m.state == MemberState.FAILED for m in members[1:])
+
+
+def test_a_late_monitor_round_restarts_every_clock_instead_of_judging(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(heartbeat_interval=1.0, heartbeat_timeout=5.0), clock=clock)
+    rt, members = _job(hub, 3)
+    streams = [hub.open_stream(rt, m) for m in members]
+    hub.tick()
+    clock.advance(8.0)  # the coordinator was stopped: no round ran, no heartbeat was read
+    hub.tick()
+    assert all(m.state == MemberState.ALIVE for m in members) and hub.stall_watch.stalls == 1
+    for _ in range(11):  # on-time rounds: rank 2 is really silent and is named after one timeout
+        for member in members[:2]:  # their heartbeats are taken in
+            rt.job.heartbeat(member)
+        clock.advance(0.5)
+        hub.tick()
+    assert [m.state for m in members] == [MemberState.ALIVE, MemberState.ALIVE, MemberState.FAILED]
+    (event,) = [e for e in drain(streams[0]) if e.kind == Events.EVENT_KIND_MEMBER_FAILED]
+    assert list(event.ranks) == [2]
+
+
+def test_many_members_silent_at_once_are_given_one_more_timeout(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(heartbeat_timeout=5.0), clock=clock)
+    rt, members = _job(hub, 4)
+    clock.advance(5.5)
+    hub.check_heartbeats()
+    assert all(m.state == MemberState.ALIVE for m in members)
+    for member in members[:3]:
+        rt.job.heartbeat(member)
+    clock.advance(5.5)
+    hub.check_heartbeats()  # the three came back; rank 3 stayed silent through a second timeout
+    assert [m.state for m in members][:3] == [MemberState.ALIVE] * 3
+    assert members[3].state == MemberState.FAILED
+
+
+def test_a_stream_closed_during_a_stall_gets_time_to_reconnect(clock: FakeClock) -> None:
+    hub = Hub(CoordinatorOptions(heartbeat_interval=1.0, heartbeat_timeout=5.0), clock=clock)
+    rt, members = _job(hub, 2)
+    streams = [hub.open_stream(rt, m) for m in members]
+    hub.tick()
+    clock.advance(8.0)  # stopped; rank 1's side gave up on the stream meanwhile
+    hub.close_stream(rt, members[1], streams[1])
+    assert members[1].state == MemberState.ALIVE
+    hub.tick()
+    clock.advance(0.5)
+    hub.close_stream(rt, members[0], streams[0])  # outside a stall: a closed stream is a failure
+    assert members[0].state == MemberState.FAILED
