@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from collsvc import config
+from collsvc import config, launcher_env
 from collsvc._cli_common import DEFAULT_COORDINATOR, EXIT_FAILURE, EXIT_OK, UsageError, read_token_file
 from collsvc.client.join_report import describe_not_joined, ranks_text
 from collsvc.options import CoordinatorOptions, TlsFiles
@@ -155,7 +155,7 @@ def coordinator_command(args: argparse.Namespace) -> int:
 
 
 def _target(args: argparse.Namespace) -> str:
-    return str(args.coordinator or config.coordinator_from_env(os.environ) or DEFAULT_COORDINATOR)
+    return str(args.coordinator or launcher_env.coordinator_from_env(os.environ) or DEFAULT_COORDINATOR)
 
 
 def _channel(args: argparse.Namespace, target: str) -> grpc.Channel:

@@ -2,11 +2,11 @@
 
 Local rank 0 starts a coordinator on ``127.0.0.1`` inside its own process, on a free port with a fresh
 token (or ``COLLSVC_TOKEN``), and publishes ``{address, token}`` in a file only this user can read,
-named after the mpirun job (``config.mpirun_local_job``) in mpirun's session folder; the other ranks
+named after the mpirun job (``launcher_env.mpirun_local_job``) in mpirun's session folder; the other ranks
 wait for that file (bounded by ``init``'s timeout) and dial it. Each of them marks its departure there
 at exit, and local rank 0 keeps the coordinator up at its own exit until every other rank has left or
 died (bounded by :data:`LINGER`), so that a rank finishing first does not take the coordinator from
-the others. Only for ranks on one host: across hosts ``config.mpirun_local_job`` raises.
+the others. Only for ranks on one host: across hosts ``launcher_env.mpirun_local_job`` raises.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any
 
-from collsvc.config import mpirun_local_job
 from collsvc.errors import RendezvousError
+from collsvc.launcher_env import mpirun_local_job
 
 LINGER = 60.0  # seconds local rank 0 keeps its coordinator for ranks still running at its exit
 _POLL = 0.02
@@ -34,7 +34,7 @@ def coordinator_for_mpirun(timeout: float, token: str | None) -> tuple[str, str]
     rank 0; the same answer for every later call in this process. None when not under such an mpirun.
 
     Raises:
-        ValueError: the ranks span hosts (see ``config.mpirun_local_job``).
+        ValueError: the ranks span hosts (see ``launcher_env.mpirun_local_job``).
         RendezvousError: local rank 0 published no coordinator within ``timeout`` seconds.
         OSError, RuntimeError: local rank 0 could not start its coordinator.
     """
@@ -103,9 +103,9 @@ def _mark_left(marker: str) -> None:
 
 
 def _stop_when_others_left(server: Any, path: str) -> None:
-    from collsvc.config import _int_from
+    from collsvc.launcher_env import int_from
 
-    size = _int_from(os.environ, ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")) or 1
+    size = int_from(os.environ, ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")) or 1
     deadline = time.monotonic() + LINGER
     waiting = set(range(1, size))
     while waiting and time.monotonic() < deadline:

@@ -1,4 +1,5 @@
-"""The only module that reads environment variables.
+"""With ``collsvc/launcher_env.py`` (the launchers' own variables), the only module that reads environment
+variables.
 
 ``collsvc.init`` accepts launcher environments as they are, first match wins:
 
@@ -52,43 +53,20 @@ import tempfile
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from collsvc.launcher_env import (
+    LOCAL_RANK_VARS,
+    RANK_VARS,
+    WORLD_SIZE_VARS,
+    coordinator_from_env,
+    int_from,
+    operator_launch,
+)
+
 if TYPE_CHECKING:  # imported where used: the launcher reads its settings here before numpy is loaded
     from collsvc.options import InitOptions, TlsFiles
 
-COORDINATOR_VARS = ("COLLSVC_COORDINATOR", "MASTER_ADDR+MASTER_PORT")
-WORLD_SIZE_VARS = ("COLLSVC_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE")
-RANK_VARS = (
-    "COLLSVC_RANK",
-    "RANK",
-    "OMPI_COMM_WORLD_RANK",
-    "SLURM_PROCID",
-    "PMI_RANK",
-    "JOB_COMPLETION_INDEX",  # last: resolve_init consults the operators' variables (operator_launch) before it
-)
-LOCAL_RANK_VARS = ("COLLSVC_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-
 COORDINATOR_READY_ENV = "COLLSVC_COORDINATOR_READY_FD"
-DEFAULT_PORT = 29400
 DEFAULT_DUMP_KEEP = 32  # a few failed jobs' worth of per-rank dumps on one host
-
-
-def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
-    for name in names:
-        value = env.get(name)
-        if value not in (None, ""):
-            return name, str(value)
-    return None
-
-
-def _int_from(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
-    found = _first(env, names)
-    if found is None:
-        return None
-    name, value = found
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 # Ranges of the number-of-seconds variables: (least, most) accepted.
@@ -134,7 +112,7 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _int_in(env: Mapping[str, str], name: str, low: int, high: int | None = None) -> int | None:
-    value = _int_from(env, (name,))
+    value = int_from(env, (name,))
     if value is not None and (value < low or (high is not None and value > high)):
         accepted = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"environment variable {name}={value} must be an integer {accepted}")
@@ -146,61 +124,6 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"environment variable {name}={value!r} must be one of {', '.join(choices)}")
     return value
-
-
-def coordinator_from_env(env: Mapping[str, str]) -> str | None:
-    """``host:port`` of the coordinator from the environment, or None."""
-    if env.get("COLLSVC_COORDINATOR"):
-        return env["COLLSVC_COORDINATOR"]
-    if env.get("MASTER_ADDR"):
-        return f"{env['MASTER_ADDR']}:{env.get('MASTER_PORT') or DEFAULT_PORT}"
-    return None
-
-
-def operator_launch(env: Mapping[str, str]) -> tuple[str | None, int | None, int | None]:
-    """(coordinator, world size, rank) from a Kubernetes training operator's environment; None where it
-    sets none. Consulted after the launcher families above and before ``JOB_COMPLETION_INDEX``.
-
-    Kubeflow Trainer: ``PET_NNODES`` pods of ``PET_NPROC_PER_NODE`` processes (default 1) each, this pod
-    being ``PET_NODE_RANK``; the rank is ``PET_NODE_RANK * PET_NPROC_PER_NODE + local rank`` where the
-    local rank is known (``COLLSVC_LOCAL_RANK``/``LOCAL_RANK``, or 0 with one process per pod), else
-    left to the coordinator; the coordinator is ``PET_MASTER_ADDR:PET_MASTER_PORT``.
-
-    Volcano (its ``env`` and ``svc`` plugins): ``VC_TASK_INDEX`` is the rank within the task whose size
-    ``VC_<TASK>_NUM`` is the world size. The task is ``COLLSVC_VOLCANO_TASK`` (default: ``worker``, or
-    the job's only task other than ``coordinator``); the coordinator is the first host of
-    ``VC_COORDINATOR_HOSTS`` on port 29400, when the job has a task named ``coordinator``.
-
-    Raises:
-        ValueError: a variable is not an integer (``PET_NPROC_PER_NODE=auto`` included: collsvc needs
-            the count), or the Volcano task cannot be told.
-    """
-    if env.get("PET_NNODES"):
-        nodes = _int_from(env, ("PET_NNODES",)) or 0
-        per_node = _int_from(env, ("PET_NPROC_PER_NODE",)) or 1
-        node = _int_from(env, ("PET_NODE_RANK",))
-        local = _int_from(env, LOCAL_RANK_VARS)
-        if local is None and per_node == 1:
-            local = 0
-        rank = None if node is None or local is None else node * per_node + local
-        master = env.get("PET_MASTER_ADDR")
-        coordinator = f"{master}:{env.get('PET_MASTER_PORT') or DEFAULT_PORT}" if master else None
-        return coordinator, nodes * per_node, rank
-    if env.get("VC_TASK_INDEX"):
-        tasks = sorted(name[3:-4] for name in env if name.startswith("VC_") and name.endswith("_NUM") and len(name) > 7)
-        task = env.get("COLLSVC_VOLCANO_TASK", "").upper().replace("-", "_")
-        if not task:
-            others = [t for t in tasks if t != "COORDINATOR"]
-            task = "WORKER" if "WORKER" in tasks else (others[0] if len(others) == 1 else "")
-        if not task or f"VC_{task}_NUM" not in env:
-            raise ValueError(
-                f"Volcano job with tasks {', '.join(tasks) or '(none named)'}: set COLLSVC_VOLCANO_TASK to the "
-                "task whose pods are the ranks"
-            )
-        hosts = [h for h in env.get("VC_COORDINATOR_HOSTS", "").split(",") if h]
-        coordinator = f"{hosts[0]}:{DEFAULT_PORT}" if hosts else None
-        return coordinator, _int_from(env, (f"VC_{task}_NUM",)), _int_from(env, ("VC_TASK_INDEX",))
-    return None, None, None
 
 
 def read_token(token: str | None, env: Mapping[str, str]) -> str | None:
@@ -263,7 +186,7 @@ def flight_recorder_keep(env: Mapping[str, str] | None = None) -> int:
         ValueError: the variable is not a positive integer.
     """
     env = os.environ if env is None else env
-    keep = _int_from(env, ("COLLSVC_DUMP_KEEP",))
+    keep = int_from(env, ("COLLSVC_DUMP_KEEP",))
     if keep is None:
         return DEFAULT_DUMP_KEEP
     if keep < 1:
@@ -309,7 +232,7 @@ def resolve_init(
             f"`collsvc run -n N {_script_name()}`"
         )
     if world_size is None:
-        world_size = _int_from(env, WORLD_SIZE_VARS)
+        world_size = int_from(env, WORLD_SIZE_VARS)
     if world_size is None:
         world_size = operator_world
     if world_size is None:
@@ -317,10 +240,10 @@ def resolve_init(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if rank is None:
-        rank = _int_from(env, RANK_VARS[:-1])  # all but JOB_COMPLETION_INDEX, which comes after the operators
+        rank = int_from(env, RANK_VARS[:-1])  # all but JOB_COMPLETION_INDEX, which comes after the operators
     if rank is None:
         # An operator's pod index is not the rank when its pods run several processes each.
-        rank = operator_rank if operator_world is not None else _int_from(env, ("JOB_COMPLETION_INDEX",))
+        rank = operator_rank if operator_world is not None else int_from(env, ("JOB_COMPLETION_INDEX",))
     if rank is not None and not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside [0, {world_size})")
     if backend not in ("auto", "nccl", "ring"):
@@ -335,7 +258,7 @@ def resolve_init(
         coordinator=coordinator,
         world_size=world_size,
         rank=rank,
-        local_rank_hint=_int_from(env, LOCAL_RANK_VARS),
+        local_rank_hint=int_from(env, LOCAL_RANK_VARS),
         backend=backend,
         timeout=float(timeout),
         token=read_token(token, env),
@@ -452,45 +375,6 @@ def shm_barriers(env: Mapping[str, str] | None = None) -> str:
         ValueError: another value.
     """
     return _choice(os.environ if env is None else env, "COLLSVC_SHM_BARRIERS", SHM_BARRIER_KINDS)
-
-
-MPIRUN_HOSTS_ERROR = (
-    "mpirun started this job's ranks on more than one host, and no coordinator was given: start one "
-    "(`collsvc coordinator --host 0.0.0.0`) and pass its address to every rank, e.g. "
-    "`mpirun -x COLLSVC_COORDINATOR=HOST:29400 ...`"
-)
-
-
-def mpirun_local_job(env: Mapping[str, str] | None = None) -> tuple[str, int, str] | None:
-    """The Open MPI job this process belongs to, when mpirun started it and names no coordinator.
-
-    Returns:
-        ``(key, local_rank, folder)``: a name unique to the mpirun job (its job id and the address of
-        mpirun itself), this process's rank on its host, and the folder where local rank 0 publishes
-        the coordinator it starts (mpirun's own session folder, removed when mpirun ends, else the
-        temp folder). None when a coordinator is set or the process was not started by Open MPI's
-        mpirun.
-
-    Raises:
-        ValueError: the job's ranks span hosts (``OMPI_COMM_WORLD_LOCAL_SIZE`` below
-            ``OMPI_COMM_WORLD_SIZE``): they cannot find a coordinator one of them starts.
-    """
-    env = os.environ if env is None else env
-    if coordinator_from_env(env) or not env.get("OMPI_COMM_WORLD_SIZE"):
-        return None
-    job = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE") or ""
-    mpirun = env.get("OMPI_MCA_orte_hnp_uri") or env.get("PMIX_SERVER_URI41") or env.get("PMIX_SERVER_URI4") or ""
-    if not job and not mpirun:
-        return None
-    size = _int_from(env, ("OMPI_COMM_WORLD_SIZE",)) or 1
-    local_size = _int_from(env, ("OMPI_COMM_WORLD_LOCAL_SIZE",)) or size
-    if local_size != size:
-        raise ValueError(MPIRUN_HOSTS_ERROR)
-    import hashlib
-
-    key = hashlib.sha256(f"{job}|{mpirun}".encode()).hexdigest()[:16]
-    folder = env.get("OMPI_MCA_orte_jobfam_session_dir") or env.get("PMIX_SERVER_TMPDIR") or tempfile.gettempdir()
-    return key, _int_from(env, ("OMPI_COMM_WORLD_LOCAL_RANK",)) or 0, folder
 
 
 def nccl_blocking_wait(env: Mapping[str, str] | None = None) -> bool:

@@ -77,7 +77,7 @@ def test_seed_examples_under_mpirun_without_a_coordinator(script: str, tmp_path:
 
 
 def test_ranks_across_hosts_without_a_coordinator_get_a_clear_error() -> None:
-    from collsvc.config import mpirun_local_job
+    from collsvc.launcher_env import mpirun_local_job
 
     env = {
         "OMPI_COMM_WORLD_SIZE": "8",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from collsvc.config import operator_launch, resolve_init
+from collsvc.config import resolve_init
+from collsvc.launcher_env import operator_launch
 from collsvc.options import InitOptions
 
 
