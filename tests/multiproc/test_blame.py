@@ -4,6 +4,9 @@ A rank is SIGSTOPped inside a loop of all_reduce calls. Over the gRPC ring the s
 call apart when it stops (a ring lets a rank finish call k while a neighbour still waits in it); the
 one that times out first in call k and leaves must not be named as missing by the others in call
 k + 1: it arrived at every call it could, and only the stopped rank never did.
+
+Each case runs ``COLLSVC_BLAME_RUNS`` times (3; docs/operations.md quotes 10, run with
+``COLLSVC_BLAME_RUNS=10 pytest --timeout 900``).
 """
 
 from __future__ import annotations
