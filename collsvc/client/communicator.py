@@ -294,11 +294,14 @@ class Communicator(GpuSync):
         Raises:
             AuthenticationError: the job has neither token nor TLS (set COLLSVC_TOKEN, or
                 COLLSVC_ALLOW_UNAUTHENTICATED_PICKLE=1 to accept the risk).
+            CollsvcError: ``src`` could not pickle its object (names it and pickle's error; ``src``
+                itself raises pickle's error); the group stays usable.
         """
         return objects.broadcast_object(self, obj, self._group_rank(src, "src"), allowed=self._pickle_allowed())
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        """Every rank's picklable object, in rank order (same authentication rule as broadcast_object)."""
+        """Every rank's picklable object, in rank order (same authentication rule and errors as
+        broadcast_object: a rank that cannot pickle its object is named to the others)."""
         return objects.all_gather_object(self, obj, allowed=self._pickle_allowed())
 
     def _pickle_allowed(self) -> bool:

@@ -81,6 +81,22 @@ class JobHandle:
         needed it raises (a copy)."""
         return self._job.departed.as_dict()
 
+    @property
+    def hosts(self) -> Mapping[int, str]:
+        """Global rank -> host name of every member."""
+        return self._job.hosts
+
+    @property
+    def coordinator_lost(self) -> bool:
+        """Whether this member's heartbeat stream to the coordinator is broken (and not yet restored)."""
+        return not self._job.client.link.up
+
+    def fail(self, error: BaseException) -> None:
+        """Records ``error`` as the job's failure (unless one is recorded already): pending and later
+        calls raise it, coordinator calls waiting for a lost coordinator included."""
+        self._job.failure.set(error)
+        self._job.client.link.give_up(self._job.failure.error() or error)
+
     def leave_now(self) -> None:
         """Tells the coordinator this member leaves, and nothing else (safe in a signal handler: it takes
         none of the job's locks). :meth:`Communicator.close` is the full, clean way out."""

@@ -49,8 +49,9 @@ def who_is_missing(
     (:func:`late_members`). Never raises."""
     waiting = late_members(client, hosts, rank, call, error.waiting_on)
     limit = job_timeout if call.timeout is None else call.timeout  # barrier(timeout=...)
+    who = describe_waiting(waiting) if waiting else "no rank that could be named (every member answered)"
     return CollectiveTimeoutError(
         f"{call.title()} in group '{call.group.name}' timed out after "
-        f"{limit:g}s on rank {rank} (the timeout of this call); waiting on {describe_waiting(waiting)}",
+        f"{limit:g}s on rank {rank} (the timeout of this call); waiting on {who}",
         waiting,
     )

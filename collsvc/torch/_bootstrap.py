@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 
 import collsvc
-from collsvc.errors import CollsvcError, RendezvousError
+from collsvc.errors import CollsvcError, RankFailedError, RendezvousError
 from collsvc.torch._errors import to_torch_error
 from collsvc.torch._process_group import ProcessGroupCollsvc
 
@@ -181,15 +182,81 @@ def _publish_coordinator(store: Any, keys: str, size: int) -> tuple[dict[str, st
     return info, server
 
 
+class CoordinatorHostWatch:
+    """On the other ranks of a store bootstrap: names rank 0 as failed as soon as the coordinator it
+    hosted is gone.
+
+    The embedded coordinator lives in rank 0's process and dies with it; it can never come back, so
+    the grace period in which members wait for a restarting coordinator only delays the news (20 s of
+    "lost the coordinator", then a ``RendezvousError`` that names no rank). Once this member's
+    heartbeat stream broke, the coordinator's port is tried: a refused connection means nothing
+    listens there any more, i.e. rank 0's process is gone (or closed the coordinator on its way out),
+    and the job fails with a :class:`RankFailedError` naming rank 0. A port that does not answer at
+    all (a host that vanished, a path that drops packets) leaves the grace period to decide.
+    """
+
+    # How often the link is looked at while it is up (a flag read), and the bound on one probe.
+    POLL_S = 0.1
+    PROBE_S = 1.0
+
+    def __init__(self, comm: Communicator, address: str) -> None:
+        self._job = comm.job
+        host, _, port = address.rpartition(":")
+        self._target = (host.strip("[]"), int(port))
+        self._address = address
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"collsvc-torch-rank0-{comm.rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _gone(self) -> bool:
+        """Whether nothing listens on the coordinator's port any more (refused; unreachable is not gone)."""
+        try:
+            with socket.create_connection(self._target, timeout=self.PROBE_S):
+                return False
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+
+    def _run(self) -> None:
+        job = self._job
+        while not self._stop.wait(self.POLL_S):
+            if job.failure is not None or job.closed:
+                return
+            if not job.coordinator_lost or not self._gone():
+                continue
+            host = job.hosts.get(0, "")
+            error = RankFailedError(
+                f"rank 0 ({host}) failed: its process, which hosted this job's coordinator, is gone "
+                f"(nothing listens at {self._address} any more)",
+                [0],
+                [host],
+            )
+            log.error("collsvc.torch: %s", error)
+            job.fail(error)
+            return
+
+
 class WorldSession:
     """The collsvc side of torch's default process group: its communicator and, on rank 0 of a
     store bootstrap, the embedded coordinator."""
 
-    def __init__(self, comm: Communicator, store: Any, server: Any, keys: str = _KEY) -> None:
+    def __init__(
+        self,
+        comm: Communicator,
+        store: Any,
+        server: Any,
+        keys: str = _KEY,
+        host_watch: CoordinatorHostWatch | None = None,
+    ) -> None:
         self.comm = comm
         self._store = store
         self._server = server
         self._keys = keys  # the prefix of this bootstrap's keys in ``store``
+        self._host_watch = host_watch  # on the other ranks of a store bootstrap: rank 0's death, at once
 
     @classmethod
     def join(cls, store: Any, rank: int, size: int, timeout: float) -> WorldSession:
@@ -230,7 +297,8 @@ class WorldSession:
             if server is not None:
                 server.stop()
             raise
-        return cls(comm, store, server, keys)
+        watch = CoordinatorHostWatch(comm, info["address"]) if server is None else None
+        return cls(comm, store, server, keys, watch)
 
     def _healthy(self) -> bool:
         """Whether the job had no failure (after one, nobody needs the coordinator any longer)."""
@@ -243,6 +311,8 @@ class WorldSession:
     def close(self) -> None:
         """Leaves the job; rank 0 of a store bootstrap then stops the coordinator once the others left
         (or after a short bound)."""
+        if self._host_watch is not None:
+            self._host_watch.stop()
         if collsvc.is_initialized() and collsvc.default_communicator() is self.comm:
             collsvc.destroy()
         else:

@@ -11,6 +11,7 @@ collective (PowerSGD, say) never blocks the thread that moves the bytes.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import datetime
 import threading
 from collections.abc import Callable, Sequence
@@ -34,6 +35,60 @@ _Work: Any = dist.Work  # subclassed through Any: torch's stubs type its methods
 # thread that was to complete it, and training hung. A pool starts another thread only when every one
 # it has is busy, so normally one runs, and a blocked callback never holds the others back.
 _completions = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="collsvc-torch-futures")
+
+
+class _FailedValue:
+    """A failed operation's Future value where C++ reads it (DDP's reducer): torch extracts a value's tensors
+    by pickling it, and this one refuses with the operation's error, so the Future holds that error (a
+    value of no tensors made the reducer read past an empty list and crash)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise copy.copy(self.error)
+
+
+def _graph_task() -> int:
+    """The id of the backward pass running on this thread; -1 outside one."""
+    current: Callable[[], int] | None = getattr(torch._C, "_current_graph_task_id", None)
+    return -1 if current is None else current()
+
+
+_backward_lock = threading.Lock()
+_backward_works: dict[int, list[CollsvcWork]] = {}  # backward pass -> Works whose Future it asked for
+
+
+def _raise_after_backward(work: CollsvcWork, task: int) -> None:
+    """Makes backward pass ``task`` raise ``work``'s error intact, should it fail.
+
+    A Future's error reaches C++ code as text in a ``RuntimeError``; the exceptions that leave an autograd
+    final callback written in Python reach the caller of ``backward()`` unchanged. So the first Work
+    whose Future a backward pass asks for (DDP's reducer does, for each bucket) queues a final callback
+    that waits for every such Work of the pass and raises the first one's error. It is queued before
+    the reducer's own, which DDP queues once the last bucket is ready."""
+    with _backward_lock:
+        works = _backward_works.get(task)
+        first = works is None
+        if works is None:
+            works = _backward_works[task] = []
+        works.append(work)
+    if not first:
+        return
+
+    def check() -> None:
+        with _backward_lock:
+            pending = _backward_works.pop(task, [])
+        for each in pending:
+            each.wait()
+
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(check)
+    except RuntimeError:  # not in a backward pass after all: nothing to raise in
+        with _backward_lock:
+            _backward_works.pop(task, None)
 
 
 class Finished:
@@ -107,6 +162,7 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         # The Future is completed only once someone asked for it: synchronous callers never do, and
         # waking the completion thread for them would cost every small collective a thread switch.
         self._future_requested = False
+        self._in_backward = False  # its Future was first asked for during a backward pass
         results = [call.value for call in calls if type(call) is Finished]
         if len(results) == len(calls):
             # Ran on the caller's thread already: finish here, with no futures or events of its own.
@@ -165,6 +221,8 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         assert self._future is not None  # get_future made it before asking for this
         if self._error is None:
             self._future.set_result(self._outputs)
+        elif self._in_backward:  # C++ reads it (see _FailedValue)
+            self._future.set_result(_FailedValue(self._error))  # type: ignore[arg-type]
         else:
             self._future.set_exception(self._error)  # type: ignore[arg-type]  # torch's stub is wrong
 
@@ -219,14 +277,22 @@ class CollsvcWork(_Work):  # type: ignore[misc]
         return self._outputs
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        """A Future completed with the output tensors (or the error) when the operation finished."""
+        """A Future completed with the output tensors (or the error) when the operation finished.
+
+        Asked for during a backward pass (DDP's reducer does), a failed operation's Future holds its error
+        as C++ code reads it (text in a ``RuntimeError``), and the backward pass raises the error itself
+        (the collsvc error, also a ``DistBackendError``) once its last node ran."""
+        task = _graph_task()
         with self._lock:
             first = self._future is None
             if first:
                 self._future = torch.futures.Future()
+                self._in_backward = task != -1
                 self._future_requested = True
             done = self._done.is_set()
             future = self._future
+        if first and task != -1:
+            _raise_after_backward(self, task)
         if first and done:
             self._fulfil()
         assert future is not None
@@ -284,6 +350,7 @@ class CompletedWork(CollsvcWork):
     _error = None
     _lock = threading.Lock()  # held only to make a Work's Future, at most once per Work: one serves all
     _future_requested = False
+    _in_backward = False
     _calls = ()
     _pending = 0
     _done = _ALREADY_DONE

@@ -290,3 +290,107 @@ def test_dist_monitored_barrier_runs_on_collsvc_and_names_the_absent_rank() -> N
         assert value["message"].startswith("Rank 2 failed to pass monitoredBarrier in 1000 ms:\n"), value
         assert "waiting on rank 2" in value["message"], value
         assert value["seconds"] < 10.0, value
+
+
+def _averaging_hook(group, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations
+    import torch.distributed as dist
+
+    tensor = bucket.buffer().div_(group.size())
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def killed_mid_training(rank: int, n: int, how: str) -> dict[str, Any]:
+    """Trains DDP (with or without a comm hook) or FSDP2 until rank 1 is SIGKILLed at step 3; survivors
+    report what training raised."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    from collsvc import CollsvcError, RankFailedError
+
+    torch.manual_seed(0)
+    model: Any = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    if how == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = fully_shard(model, mesh=init_device_mesh("cpu", (n,)))
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        if how == "ddp-hook":
+            model.register_comm_hook(dist.distributed_c10d._get_default_group(), _averaging_hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0.0
+    for step in range(1000):
+        if step == 3 and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == 3:
+            start = time.monotonic()
+        optimizer.zero_grad()
+        try:
+            model(torch.randn(8, 16)).sum().backward()
+            optimizer.step()
+        except BaseException as exc:  # noqa: BLE001 - the test reports what training raised
+            return {
+                "type": type(exc).__name__,
+                "dist": isinstance(exc, dist.DistBackendError),
+                "collsvc": isinstance(exc, CollsvcError),
+                "failed": isinstance(exc, RankFailedError),
+                "ranks": list(getattr(exc, "ranks", [])),
+                "message": str(exc)[:400],
+                "seconds": time.monotonic() - start,
+            }
+    return {"type": None}
+
+
+@pytest.mark.parametrize("how", ["ddp", "ddp-hook", "fsdp2"])
+def test_a_rank_killed_mid_training_is_named_through_ddp_and_fsdp(how: str) -> None:
+    """DDP's reducer reads a failed Future's error in C++; the error that leaves ``backward()`` is still
+    the collsvc one (before: a pickling error about the torch error class, or a crash)."""
+    result = run_torch(killed_mid_training, 3, args=(how,), allow_failures=True, timeout=120)
+    assert result.outcomes[1].exitcode == -9
+    for outcome in (result.outcomes[0], result.outcomes[2]):
+        assert outcome.error is None, outcome.error
+        caught = outcome.value
+        assert caught["dist"] and caught["collsvc"] and caught["failed"], caught
+        assert caught["ranks"] == [1], caught
+        assert caught["seconds"] < 30.0, caught
+
+
+def coordinator_host_killed(rank: int, n: int) -> dict[str, Any]:
+    """Rank 0 (which hosts the embedded coordinator under torchrun's environment) is SIGKILLed while the
+    others run collectives; they report what they raised and how long after rank 0's death."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    from collsvc import RankFailedError
+
+    dist.all_reduce(torch.ones(4))
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        while True:
+            dist.all_reduce(torch.ones(4))
+    except dist.DistBackendError as exc:
+        return {
+            "failed": isinstance(exc, RankFailedError),
+            "ranks": list(getattr(exc, "ranks", [])),
+            "message": str(exc)[:300],
+            "seconds": time.monotonic() - start,
+        }
+
+
+def test_the_death_of_the_rank_hosting_the_coordinator_is_named_at_once() -> None:
+    """Under torchrun rank 0 hosts the coordinator, which dies with it and can never come back: the
+    others name rank 0 within seconds instead of waiting out the grace meant for a restarting one."""
+    result = run_torch(coordinator_host_killed, 3, mode="env", allow_failures=True, timeout=120)
+    assert result.outcomes[0].exitcode == -9
+    for outcome in result.outcomes[1:]:
+        assert outcome.error is None, outcome.error
+        caught = outcome.value
+        assert caught["failed"] and caught["ranks"] == [0], caught
+        assert caught["seconds"] < 5.0, caught  # the grace for a coordinator that may restart is 20 s

@@ -32,6 +32,7 @@ from collsvc.server.services.convert import (
 )
 from collsvc.server.services.hub import Hub, JobRuntime, wait_event, wait_seconds
 from collsvc.server.services.join import join_members
+from collsvc.server.services.progress_requests import silent, unfinished, waiting_elsewhere
 from collsvc.server.services.watch import watch
 from collsvc.server.state.common import Member, NotFoundError
 from collsvc.server.state.jobs import Job
@@ -238,11 +239,20 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
     async def GetProgress(self, request: Any, context: Context) -> Any:
         rt = await self._find(request.job_id, context)
         group = request.group or "world"
+        heard: set[int] = set()
         if request.fresh_within_s > 0:  # first, progress as of now from those that look late
             late = [w.rank for w in rt.job.not_started(group, request.seq)]
             seconds = wait_seconds(min(request.fresh_within_s, MAX_FRESH_PROGRESS_S), context)
-            await rt.progress_requests.refresh(rt.streams, late, seconds)
-        return pb.GetProgressResponse(not_started=waiting_protos(rt.job.not_started(group, request.seq)))
+            heard = await rt.progress_requests.refresh(rt.streams, late, seconds)
+        not_started = rt.job.not_started(group, request.seq)
+        blocked = waiting_elsewhere(rt.job.members, group, not_started, heard)  # victims, not the cause
+        named = [w for w in not_started if w.rank not in blocked]
+        if blocked and not named:  # held up by a member inside the call: the one that cannot answer
+            inside = unfinished(rt.job.members, rt.job.group_ranks(group), group, request.seq)
+            seconds = wait_seconds(min(request.fresh_within_s, MAX_FRESH_PROGRESS_S), context)
+            heard |= await rt.progress_requests.refresh(rt.streams, inside, seconds)
+            named = silent(rt.job.members, inside, group, heard)
+        return pb.GetProgressResponse(not_started=waiting_protos(named))
 
     @translate_errors
     async def NewGroup(self, request: Any, context: Context) -> Any:

@@ -12,18 +12,28 @@ When many ranks time out on the same call (every rank but a stuck one, in a larg
 share the questions: a member with a question on its way and unanswered is not asked again; each
 request waits for the answer to that question. A question is asked anew once the request that asked
 it has ended unanswered, so a lost question cannot make later requests wait in vain.
+
+Members that look late but are not to blame are then left out (:func:`waiting_elsewhere`): a member
+that answered (or left the job cleanly) while inside an earlier collective of the group, not yet
+finished, is waiting there for others: it arrived at every call it could. Over the gRPC ring the
+members of a stuck call can be one call apart (a ring lets a member finish call k while a neighbour
+still waits in it); the one that timed out first in call k and left was named as missing by those
+waiting in call k + 1, next to the stopped rank that held them all up. A member that never answered
+(stopped, dead) is judged by its last report, and one that finished its last call and did not start
+this one is late.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.server.services.broadcast import Broadcast
+from collsvc.server.state.common import Member, MemberState, WaitingInfo
 
 
 class EventQueue(Protocol):
@@ -38,6 +48,7 @@ class _Request:
     # rank -> the id of the question it waits for: its own, or an open one asked by an earlier request
     pending: dict[int, int]
     answered: Broadcast = field(default_factory=Broadcast)
+    heard: set[int] = field(default_factory=set)  # ranks that answered (not those whose stream ended)
 
 
 class ProgressRequests:
@@ -48,11 +59,11 @@ class ProgressRequests:
         self._open: list[_Request] = []
         self._asked: dict[int, int] = {}  # rank -> the id of the question on its way to it, unanswered
 
-    async def refresh(self, streams: Mapping[int, EventQueue], ranks: Iterable[int], seconds: float) -> bool:
+    async def refresh(self, streams: Mapping[int, EventQueue], ranks: Iterable[int], seconds: float) -> set[int]:
         """Asks members ``ranks`` (those with a Watch stream in ``streams``) for their progress now, unless
-        a question is already on its way to one, and waits up to ``seconds`` for every answer; returns
-        whether each answered (its progress is then recorded, by the heartbeat that answered) or its
-        stream ended first."""
+        a question is already on its way to one, and waits up to ``seconds`` for every answer (or the
+        end of its stream); returns the ranks that answered (their progress is then recorded, by the
+        heartbeat that answered)."""
         request = _Request(next(self._ids), {})
         for rank in ranks:
             stream = streams.get(rank)
@@ -67,10 +78,11 @@ class ProgressRequests:
                 stream.queue.put_nowait(event)
             request.pending[rank] = asked
         if not request.pending:
-            return True
+            return request.heard
         self._open.append(request)
         try:
-            return await request.answered.wait(seconds)
+            await request.answered.wait(seconds)
+            return request.heard
         finally:
             self._open.remove(request)
             for rank, asked in request.pending.items():  # unanswered questions it asked: ask anew later
@@ -85,6 +97,7 @@ class ProgressRequests:
         for request in list(self._open):
             waits_for = request.pending.get(rank)
             if waits_for is not None and waits_for <= request_id:
+                request.heard.add(rank)
                 self._settle(request, rank)
 
     def gone(self, rank: int) -> None:
@@ -99,3 +112,46 @@ class ProgressRequests:
         del request.pending[rank]
         if not request.pending:
             request.answered.set()
+
+
+def waiting_elsewhere(members: Sequence[Member], group: str, late: Iterable[WaitingInfo], heard: set[int]) -> set[int]:
+    """The ranks among ``late`` (members that have not started a call of ``group``) that are waiting for
+    others in an earlier call of the group: they started one and did not finish it, as they said just
+    now (``heard``: they answered a progress request) or as they left the job cleanly."""
+    out = set()
+    for waiting in late:
+        member = members[waiting.rank]
+        record = member.progress.get(group)
+        if record is None or record.started_seq <= record.finished_seq:
+            continue  # between calls: late
+        if waiting.rank in heard or member.state == MemberState.LEFT:
+            out.add(waiting.rank)
+    return out
+
+
+def unfinished(members: Sequence[Member], ranks: Iterable[int], group: str, seq: int) -> list[int]:
+    """The members among ``ranks`` that have not finished call ``seq`` of ``group`` and are still in
+    the job."""
+    out = []
+    for rank in ranks:
+        member = members[rank]
+        record = member.progress.get(group)
+        if not member.gone and (record is None or record.finished_seq < seq):
+            out.append(rank)
+    return out
+
+
+def silent(members: Sequence[Member], ranks: Iterable[int], group: str, heard: set[int]) -> list[WaitingInfo]:
+    """``ranks`` that did not answer (``heard``), as waiting entries: when every member that has not
+    started a call is waiting in an earlier one, the call is held up by a member inside it that cannot
+    answer (stopped, or stuck in native code)."""
+    out = []
+    for rank in ranks:
+        if rank in heard:
+            continue
+        member = members[rank]
+        record = member.progress.get(group)
+        out.append(
+            WaitingInfo(rank, member.host, record.last_op if record else "", record.finished_seq if record else 0)
+        )
+    return out
