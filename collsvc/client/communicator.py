@@ -24,6 +24,7 @@ from collsvc.client.gpu_sync import GpuSync
 from collsvc.client.job import Job
 from collsvc.client.job_handle import JobHandle
 from collsvc.client.numbering import StreamNumbers
+from collsvc.client.placement import placement_of, same_local_rank
 from collsvc.errors import AbortedError, CollsvcError
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.types import ReduceOp
@@ -50,13 +51,9 @@ class Communicator(GpuSync):
         self.rank = self._ranks.index(job.rank)
         self.size = len(self._ranks)
         self.backend = job.backend_name
-        hosts = [job.hosts[r] for r in self._ranks]
-        my_host = hosts[self.rank]
-        node_order = list(dict.fromkeys(hosts))
-        self.local_rank = hosts[: self.rank].count(my_host)
-        self.local_size = hosts.count(my_host)
-        self.node_rank = node_order.index(my_host)
-        self.num_nodes = len(node_order)
+        placed = placement_of([job.hosts[r] for r in self._ranks], self.rank)
+        self.local_rank, self.local_size = placed.local_rank, placed.local_size
+        self.node_rank, self.num_nodes = placed.node_rank, placed.num_nodes
         self._spec = GroupSpec(name, self._ranks, self.rank)
         self._lock = threading.Lock()
         self._numbers = StreamNumbers()
@@ -377,13 +374,7 @@ class Communicator(GpuSync):
         """One member per host: the host leaders (local_rank 0) for leaders; for the others, the members
         with the same local_rank on every host that has one (Horovod's cross communicator)."""
         if self._inter is None:
-            hosts = self._job.hosts
-            position: dict[str, int] = {}
-            local_of: dict[int, int] = {}
-            for r in self._ranks:
-                local_of[r] = position.get(hosts[r], 0)
-                position[hosts[r]] = local_of[r] + 1
-            ranks = [r for r in self._ranks if local_of[r] == self.local_rank]
+            ranks = same_local_rank(self._ranks, self._job.hosts, self.local_rank)
             self._inter = self.subgroup(f"{self.name}/cross{self.local_rank}", ranks)
         return self._inter
 

@@ -81,6 +81,8 @@ RendezvousError = torch_error_class(errors.RendezvousError)
 AuthenticationError = torch_error_class(errors.AuthenticationError)
 BackendUnavailableError = torch_error_class(errors.BackendUnavailableError)
 ResourceLimitError = torch_error_class(errors.ResourceLimitError)
+JobEndedError = torch_error_class(errors.JobEndedError)
+ForkedChildError = torch_error_class(errors.ForkedChildError)
 
 
 def to_torch_error(error: errors.CollsvcError) -> errors.CollsvcError:

@@ -206,17 +206,24 @@ def test_a_world_that_does_not_fit_the_node(cluster: Kube) -> None:
 
     unscheduled = cluster.until("a pod to be Unschedulable", pending, 60, cluster.story)
     names = {i: p["metadata"]["name"] for i, p in by_index(cluster).items()}
-    for name in names.values():  # the Job controller deletes the pods at the deadline
-        cluster.follow(name)
+    assert 0 not in unscheduled, cluster.story()
+    missing = ", ".join(str(i) for i in unscheduled)
+    word = "rank" if len(unscheduled) == 1 else "ranks"
+    expected = f"not joined: {word} {missing}"
+    # Read rank 0's log while its pod lives (the Job controller deletes the pods at the deadline); a
+    # follower started before the container runs would end at once with nothing kept.
+    rank0 = cluster.until(
+        f"rank 0 to log {expected!r}",
+        lambda: log if expected in (log := cluster.logs(names[0])) else None,
+        deadline + 30,
+        cluster.story,
+    )
     job = wait_finished(cluster, deadline + 60)
     story = cluster.story()
     failed = condition(job, "Failed")
     assert failed is not None and failed["reason"] == "DeadlineExceeded", story
     assert "deadline" in failed["message"], story
-    rank0 = cluster.logs(names[0]) if 0 not in unscheduled else ""
-    missing = ", ".join(str(i) for i in unscheduled)
-    word = "rank" if len(unscheduled) == 1 else "ranks"
-    assert f"not joined: {word} {missing}" in rank0, story
+    assert expected in rank0, story
     print(
         f"MEASURED world 4 on a 2-CPU node: ranks {unscheduled} Unschedulable; Job Failed "
         f"({failed['reason']}) {stamp(failed['lastTransitionTime']) - applied:.0f}s after the apply"

@@ -25,6 +25,8 @@ def _samples() -> list[errors.CollsvcError]:
         errors.AuthenticationError("bad token"),
         errors.BackendUnavailableError("no GPU"),
         errors.ResourceLimitError("too big"),
+        errors.JobEndedError("ended", "rank 0 left", [0]),
+        errors.ForkedChildError("forked"),
     ]
 
 
