@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
@@ -100,6 +101,7 @@ def run(train: Callable[..., Result]) -> Callable[..., Result]:
                     raise
                 failed = set(lost.ranks) | gone_for_good(comm.job.departed)
                 log.warning("job %s generation %d: %s; re-forming", membership.base, membership.generation, lost)
+                _release_frames(exc)
             else:
                 membership.finish(comm)
                 return result
@@ -110,6 +112,20 @@ def run(train: Callable[..., Result]) -> Callable[..., Result]:
         _end_late_newcomer(membership.base)
 
     return elastic_train
+
+
+def _release_frames(error: BaseException) -> None:
+    """Drops the local variables of the finished frames ``error`` (and the errors it chains) passed
+    through: the failed membership's objects (a DistributedDataParallel wrapper and its gradient hooks,
+    buffers) are freed now, not whenever the error is, which a process group's pending work or the job's
+    first failure may keep alive. A stale DDP wrapper would still answer the parameters' gradient hooks
+    in the next membership."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def _end_late_newcomer(job: str) -> NoReturn:
