@@ -97,13 +97,17 @@ def _server_credentials(options: CoordinatorOptions) -> grpc.ServerCredentials |
 
 
 async def build_server(
-    options: CoordinatorOptions, *, metrics_ready: Callable[[int], None] | None = None
+    options: CoordinatorOptions,
+    *,
+    metrics_ready: Callable[[int], None] | None = None,
+    hub: Hub | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Builds a coordinator server and binds it (not started yet).
 
     Args:
         options: where and how to serve; port 0 picks a free port.
         metrics_ready: called with the bound port of ``/metrics`` when ``options.metrics_port`` is set.
+        hub: the jobs' state to serve (a new one when not given; :func:`serve` keeps its own to drain it).
 
     Returns:
         ``(server, port)``: the server, and the port it is bound to.
@@ -113,7 +117,7 @@ async def build_server(
         OSError: the address cannot be bound (in use, or not an address of this machine).
     """
     check_security(options)
-    hub = Hub(options)
+    hub = hub or Hub(options)
     # The largest request the protocol needs under these limits (a compare-and-set of two values at
     # the value limit); gRPC refuses anything bigger before it is handed to us. Replies may be larger
     # (the status of every job), and only trusted code makes them.
@@ -248,7 +252,8 @@ async def serve(
     Raises:
         ValueError, OSError: as :func:`build_server`.
     """
-    server, port = await build_server(options, metrics_ready=metrics_ready)
+    hub = Hub(options)
+    server, port = await build_server(options, metrics_ready=metrics_ready, hub=hub)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
@@ -271,6 +276,7 @@ async def serve(
             for sig in handled:
                 loop.remove_signal_handler(sig)
             log.info("coordinator on port %d stopping (grace %.1fs)", port, DRAIN_GRACE_S)
+            hub.drain()  # the streams the stop cancels are not members failing
             await server.stop(grace=DRAIN_GRACE_S)
 
 

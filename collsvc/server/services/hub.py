@@ -243,6 +243,12 @@ class Hub:
         self._clock = clock
         self._runtimes: dict[str, JobRuntime] = {}
         self.stall_watch = StallWatch(options)  # when the heartbeat monitor last ran, and stalls seen
+        self.draining = False  # set by :meth:`drain` when this coordinator stops
+
+    def drain(self) -> None:
+        """This coordinator is stopping: the Watch streams its stop cancels from now on are not members
+        failing (they re-register with the coordinator that comes back), so none is reported failed."""
+        self.draining = True
 
     def runtime(self, job: Job) -> JobRuntime:
         rt = self._runtimes.get(job.job_id)
@@ -356,12 +362,13 @@ class Hub:
         return rt, member
 
     def close_stream(self, rt: JobRuntime, member: Member, stream: Stream) -> None:
-        """A Watch stream ended; if it was the member's current one and it had not left, it failed."""
+        """A Watch stream ended; if it was the member's current one and it had not left, it failed (unless
+        this coordinator is draining: then its own stop ended the stream)."""
         if rt.streams.get(member.rank) is not stream:
             return  # replaced by a newer stream, or the member left
         del rt.streams[member.rank]
         rt.progress_requests.gone(member.rank)
-        if member.gone or self.stall_watch.spare_closed(rt.job.job_id, member, self._clock()):
+        if member.gone or self.draining or self.stall_watch.spare_closed(rt.job.job_id, member, self._clock()):
             return
         self.fail(rt, [member.rank], "its heartbeat stream closed without leaving the job")
 
@@ -382,8 +389,8 @@ class Hub:
 
     def tick(self) -> None:
         """One heartbeat monitor round: :meth:`check_heartbeats`, unless it came late (see
-        :meth:`liveness.StallWatch.on_time`)."""
-        if self.stall_watch.on_time(self.registry.jobs(), self._clock()):
+        :meth:`liveness.StallWatch.on_time`) or this coordinator is draining."""
+        if not self.draining and self.stall_watch.on_time(self.registry.jobs(), self._clock()):
             self.check_heartbeats()
 
 

@@ -105,6 +105,23 @@ def test_broken_stream_without_leave_is_a_failure_but_after_leave_is_not(clock: 
     assert [e.kind for e in drain(streams[0])] == [Events.EVENT_KIND_MEMBER_FAILED]
 
 
+def test_streams_a_draining_coordinator_ends_fail_no_one(clock: FakeClock) -> None:
+    """Stopping, the coordinator cancels its Watch streams one by one; the members re-register with the
+    coordinator that comes back, so none of them is reported failed to the others (whose streams are
+    still open) and no heartbeat check runs meanwhile."""
+    hub = Hub(CoordinatorOptions(heartbeat_timeout=5.0), clock=clock)
+    rt, members = _job(hub, 3)
+    streams = [hub.open_stream(rt, m) for m in members]
+    for s in streams:
+        drain(s)
+    hub.drain()
+    hub.close_stream(rt, members[1], streams[1])
+    clock.advance(60.0)
+    hub.tick()
+    assert [m.state for m in members] == [MemberState.ALIVE] * 3
+    assert drain(streams[0]) == [] and drain(streams[2]) == []
+
+
 def test_job_is_dropped_when_everyone_is_gone(clock: FakeClock) -> None:
     hub = Hub(CoordinatorOptions(), clock=clock)
     rt, members = _job(hub, 2)
