@@ -27,7 +27,7 @@ from collsvc.server.services.liveness import StallWatch, judge
 from collsvc.server.services.progress_requests import ProgressRequests
 from collsvc.server.state.barriers import BarrierKey
 from collsvc.server.state.common import Clock, Member, MemberState, WaitingInfo
-from collsvc.server.state.credentials import MemberSecrets, member_key
+from collsvc.server.state.credentials import MemberSecrets, secrets_for
 from collsvc.server.state.jobs import BAD_CREDENTIALS, Job
 from collsvc.server.state.joins import JoinQuota
 from collsvc.server.state.recovery import Reregistration
@@ -238,7 +238,7 @@ class Hub:
         secrets: MemberSecrets | None = None,
     ) -> None:
         self.options = options
-        self.registry = Registry(clock=clock, limits=options.limits, secrets=secrets or hub_secrets(options))
+        self.registry = Registry(clock=clock, limits=options.limits, secrets=secrets or secrets_for(options))
         self.join_quota = JoinQuota(options.limits)
         self._clock = clock
         self._runtimes: dict[str, JobRuntime] = {}
@@ -392,15 +392,3 @@ class Hub:
         :meth:`liveness.StallWatch.on_time`) or this coordinator is draining."""
         if not self.draining and self.stall_watch.on_time(self.registry.jobs(), self._clock()):
             self.check_heartbeats()
-
-
-def hub_secrets(options: CoordinatorOptions) -> MemberSecrets:
-    """Member secrets under a key this coordinator gets again when restarted with the same token or
-    TLS key (see :mod:`collsvc.server.state.credentials`); a random key when it has neither."""
-    tls_key = None
-    if options.tls is not None:
-        with open(options.tls.key, "rb") as handle:
-            tls_key = handle.read()
-    if not options.token and not tls_key:
-        return MemberSecrets.random()
-    return MemberSecrets(member_key(options.token, tls_key))

@@ -16,6 +16,8 @@ import hashlib
 import hmac
 import secrets
 
+from collsvc.options import CoordinatorOptions
+
 # Domain separation: the key is never used for anything else, and never equals the token itself.
 _KEY_LABEL = b"collsvc member secret key v1"
 
@@ -59,3 +61,15 @@ class MemberSecrets:
     def verify(self, job_id: str, incarnation: int, rank: int, presented: str) -> bool:
         """Whether ``presented`` is the secret of ``rank`` (constant time)."""
         return hmac.compare_digest(self.secret(job_id, incarnation, rank).encode(), presented.encode())
+
+
+def secrets_for(options: CoordinatorOptions) -> MemberSecrets:
+    """Member secrets under a key this coordinator gets again when restarted with the same token or
+    TLS key (see :func:`member_key`); a random key when it has neither."""
+    tls_key = None
+    if options.tls is not None:
+        with open(options.tls.key, "rb") as handle:
+            tls_key = handle.read()
+    if not options.token and not tls_key:
+        return MemberSecrets.random()
+    return MemberSecrets(member_key(options.token, tls_key))
