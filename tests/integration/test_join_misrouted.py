@@ -148,17 +148,21 @@ def test_a_stranger_at_the_coordinators_address_is_waited_through(
 
 
 def _train_until(comm: Any, started: str, stop: str) -> int:
-    """Barriers and all_reduces until the file ``stop`` exists; rank 0 creates ``started`` first."""
+    """Barriers and all_reduces until rank 0 sees the file ``stop`` (it tells the others in the same
+    all_reduce, so every rank stops after the same step); rank 0 creates ``started`` first."""
     import numpy as np
 
     steps = 0
-    while not os.path.exists(stop):
+    while True:
         comm.barrier()
-        assert float(comm.all_reduce(np.ones(4))[0]) == comm.size
+        stopping = 1.0 if comm.rank == 0 and os.path.exists(stop) else 0.0
+        total = comm.all_reduce(np.array([1.0, 1.0, 1.0, stopping]))
+        assert float(total[0]) == comm.size
         steps += 1
         if steps == 3 and comm.rank == 0:
             Path(started).touch()
-    return steps
+        if total[3] > 0:
+            return steps
 
 
 def test_a_stranger_while_the_coordinator_restarts_is_waited_through(tmp_path: Path) -> None:
