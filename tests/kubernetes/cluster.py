@@ -107,9 +107,11 @@ class Kube:
             proc.kill()
             proc.wait()
         self._followers.clear()
-        # The pods first, without their grace period: a worker (PID 1) ignores SIGTERM for 30 s.
-        self.kubectl("delete", "pods", "-n", NAMESPACE, "--all", "--grace-period=0", "--force", check=False)
-        self.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=180)
+        # The workloads and their pods, not the namespace: the namespace controller takes 10 s or more to
+        # remove one, and the next apply recreates or updates everything else. Foreground: returns once
+        # the pods are gone (a worker ends at SIGTERM, the coordinator drains at once).
+        self.kubectl("delete", "job,deployment", "-n", NAMESPACE, "--all", "--ignore-not-found",
+                     "--cascade=foreground", "--wait=true", timeout=180)  # fmt: skip
 
     def apply(self, kustomization: str, patches: list[dict[str, Any]] | None = None) -> float:
         """Applies ``deploy/k8s/<kustomization>`` with the token and image tag replaced and the JSON
@@ -174,12 +176,11 @@ class Kube:
         lines = kept.read_text(errors="replace").splitlines(keepends=True)
         return "".join(lines if timestamps else [line.partition(" ")[2] for line in lines])
 
-    def delete_pod(self, pod: str, grace_s: int | None = None) -> float:
-        """Deletes a pod as an operator would (graceful, the pod's own grace period unless ``grace_s``);
-        returns when the delete was asked."""
+    def delete_pod(self, pod: str) -> float:
+        """Deletes a pod as an operator would (graceful, the pod's own grace period); returns when the
+        delete was asked."""
         asked = time.time()
-        grace = [] if grace_s is None else [f"--grace-period={grace_s}"]
-        self.kubectl("delete", "pod", "-n", NAMESPACE, pod, "--wait=false", *grace)
+        self.kubectl("delete", "pod", "-n", NAMESPACE, pod, "--wait=false")
         return asked
 
     def until(self, what: str, check: Callable[[], T | None], timeout: float, explain: Callable[[], str]) -> T:
