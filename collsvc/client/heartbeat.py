@@ -42,14 +42,29 @@ _RETRIABLE = (
 )
 
 
-def event_error(event: coordinator_pb2.WatchEvent) -> BaseException | None:
-    """The exception a job event means for this process, or None for informational events."""
+def event_error(event: coordinator_pb2.WatchEvent, own_rank: int | None = None) -> BaseException | None:
+    """The exception a job event means for process ``own_rank`` (None: a bystander's view), or None
+    for informational events.
+
+    A member that left because its collective failed on this very rank (a link between the two that
+    dropped its traffic while both reached the coordinator, or this process stopped or starved for
+    longer than the call's timeout) is named instead: this process is running, so it is not the peer
+    that failed, and an error naming the rank that raises it would send its user looking at itself.
+    """
     ranks, hosts = list(event.ranks), list(event.hosts)
     where = ", ".join(f"{r} ({h})" if h else str(r) for r, h in zip(ranks, hosts or [""] * len(ranks), strict=False))
     if event.kind == Events.EVENT_KIND_MEMBER_FAILED:
         return RankFailedError(f"rank {where} failed: {event.reason}", ranks, hosts)
     if event.kind == Events.EVENT_KIND_MEMBER_LEFT:
         cause, reason = left_cause(event)
+        if own_rank is not None and own_rank in cause:
+            others = [r for r in cause if r != own_rank]
+            return RankFailedError(
+                f"rank {where} left the job after its collective failed waiting on this rank ({own_rank}), "
+                "which is running: the path between them dropped the traffic, or this process was stopped "
+                f"or starved for longer than the call's timeout; its error: {reason or 'not told'}",
+                sorted({*ranks, *others}),
+            )
         if cause and reason:
             # It ended because its collective failed on these ranks (failed, left or late): its error says how.
             return RankFailedError(f"rank {where} left the job after its collective failed: {reason}", cause)
@@ -226,7 +241,7 @@ class Watcher:
         if event.kind == Events.EVENT_KIND_PROGRESS_WANTED:  # a peer timed out: who started what, now
             self._outbox.put(coordinator_pb2.WatchRequest(progress=self._progress.snapshot(), answers=event.request_id))
             return
-        error = event_error(event)
+        error = event_error(event, self._rank)
         if event.kind == Events.EVENT_KIND_MEMBER_LEFT and isinstance(error, RankFailedError):
             # A clean leave fails only what still needs the departed rank.
             self._left.update(event.ranks)

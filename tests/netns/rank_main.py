@@ -8,6 +8,8 @@ Modes (argv[1]):
   train  argv[2] ("all_reduce", "barrier", or "send_recv": rank 0 sends, rank 1 receives) of argv[3]
          bytes in a loop; prints TRAINING after a few steps, and when a call raises, a RESULT with the
          error and the monotonic time it was raised (the test cuts a link meanwhile)
+  link   the same as train, but a rank that raised then leaves the job as a script that ends with the
+         error does (the test cuts the path between two ranks that both still reach the coordinator)
 """
 
 from __future__ import annotations
@@ -80,6 +82,11 @@ def main() -> int:
         train(comm, sys.argv[2], int(sys.argv[3]), result)
         print("RESULT " + json.dumps(result), flush=True)
         os._exit(0)  # a partitioned job cannot leave cleanly; the test only needs the error
+    elif mode == "link":
+        train(comm, sys.argv[2], int(sys.argv[3]), result)
+        print("RESULT " + json.dumps(result), flush=True)
+        collsvc.destroy()  # leaves, naming what failed its call: the other rank hears it
+        return 0
     print("RESULT " + json.dumps(result), flush=True)
     collsvc.destroy()
     return 0

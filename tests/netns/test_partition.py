@@ -15,11 +15,8 @@ is killed at the end, and the namespaces are removed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import select
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.netns import topology
+from tests.netns.rank_processes import Output, dump_stacks, start, stop
 
 pytestmark = pytest.mark.netns
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,66 +47,11 @@ if reason:
     pytest.skip(reason, allow_module_level=True)
 
 
-class Output:
-    """A rank's stdout read line by line with a deadline (its own buffer: select() on a file object
-    whose buffer already holds the next line would wait for more)."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], who: str) -> None:
-        assert proc.stdout is not None
-        self._proc, self._fd, self._who = proc, proc.stdout.fileno(), who
-        self._buffer = b""
-
-    def line_with(self, marker: str, deadline: float) -> str:
-        """The next line containing ``marker``, read before ``deadline`` (monotonic).
-
-        Raises:
-            AssertionError: the deadline passed or the process ended first.
-        """
-        while True:
-            while b"\n" in self._buffer:
-                line, self._buffer = self._buffer.split(b"\n", 1)
-                if marker.encode() in line:
-                    return line.decode()
-            ready, _, _ = select.select([self._fd], [], [], max(deadline - time.monotonic(), 0))
-            assert ready, f"{self._who}: no {marker!r} line before the deadline"
-            chunk = os.read(self._fd, 65536)
-            if not chunk:
-                raise AssertionError(f"{self._who}: ended (exit {self._proc.wait(5)}) before printing {marker!r}")
-            self._buffer += chunk
-
-
 @pytest.fixture
 def hosts() -> Iterator[dict[str, topology.Host]]:
     with topology.hosts(["a", "b"]) as made:
         topology.pin_neighbours(made)  # no failed address resolution gives the cut away
         yield made
-
-
-def start(argv: list[str], host: topology.Host, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("wb") as stderr:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            host.command(argv), cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr
-        )
-
-
-def dump_stacks(ranks: list[subprocess.Popen[bytes]]) -> None:
-    """Asks every rank still running to write its threads' stacks to its log (rank_main registers it)."""
-    for proc in ranks:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGUSR1)
-    for proc in ranks:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(1.0)  # gives the dump time to reach the log; the rank keeps running
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-    for proc in procs:
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 @pytest.mark.parametrize(

@@ -17,15 +17,17 @@ pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # torch.testing's own dependency
 
 RUNNER = Path(__file__).parent / "upstream" / "spawn_runner.py"
-# Each test spawns its ranks afresh and they import torch's test suite (~10 s a test on 2 cores), so the
-# selection is one test per kind of path: a reduction, a gather, point-to-point with any-source, the
-# barrier and DDP. tests/torch/test_collectives.py runs every collective through torch's API.
-SELECTED = (
-    "test_all_reduce_sum",
-    "test_all_gather",
-    "test_send_recv_any_source",
-    "test_barrier",
-    "test_DistributedDataParallelCPU",
+# Each test spawns its ranks afresh and they import torch's test suite (~12 s a test on 2 cores), so the
+# selection is one test per kind of path: a reduction, point-to-point with any-source, and DDP (the
+# gather and the barrier passed too when selected). tests/torch/test_collectives.py runs every
+# collective through torch's API. COLLSVC_UPSTREAM_TESTS (names, comma-separated) runs others.
+SELECTED = tuple(
+    filter(
+        None,
+        os.environ.get(
+            "COLLSVC_UPSTREAM_TESTS", "test_all_reduce_sum,test_send_recv_any_source,test_DistributedDataParallelCPU"
+        ).split(","),
+    )
 )
 
 

@@ -45,3 +45,22 @@ def test_a_leave_after_a_timeout_names_the_late_ranks_with_the_error() -> None:
 def test_an_unreadable_cause_is_ignored() -> None:
     assert left_cause(left({"cause": "x"})) == ([], "")
     assert left_cause(coordinator_pb2.WatchEvent(kind=Events.EVENT_KIND_MEMBER_LEFT, details_json="{")) == ([], "")
+
+
+def test_a_leave_blaming_the_rank_that_hears_it_names_the_member_that_left() -> None:
+    """A cut link between ranks 0 and 1: rank 0's call failed on rank 1, it left naming rank 1. Rank 1
+    is running, so its error names rank 0, the other end, never itself; a bystander's view keeps rank 1."""
+    reason = "all_reduce #7 in group 'world' timed out after 5s on rank 0; waiting on rank 1"
+    event = left({"finished": {"0": {"world": 6}}, "cause": [1], "cause_reason": reason})
+    heard = event_error(event, own_rank=1)
+    assert isinstance(heard, RankFailedError) and heard.ranks == [0]
+    assert "rank 0 (host0) left the job after its collective failed waiting on this rank (1)" in str(heard)
+    assert str(heard).endswith(f"its error: {reason}")
+    bystander = event_error(event, own_rank=2)
+    assert isinstance(bystander, RankFailedError) and bystander.ranks == [1]
+
+
+def test_a_leave_blaming_this_rank_and_another_names_the_other_and_the_member_that_left() -> None:
+    error = event_error(left({"cause": [1, 3]}), own_rank=1)
+    assert isinstance(error, RankFailedError) and error.ranks == [0, 3]
+    assert "its error: not told" in str(error)

@@ -1,0 +1,112 @@
+"""A cut link: two hosts whose ranks can no longer reach each other, while both still reach the
+coordinator on a third host (a firewall rule, a broken route between two racks).
+
+Host "c" runs the coordinator, host "a" rank 0, host "b" rank 1 (or two ranks each). Once all
+train, host "a" drops every packet to and from host "b" (iptables DROP: no RST, no ICMP), and no rank's
+heartbeats stop. Each rank then raises, leaves the job as a script ending with that error does, and the
+others hear of it. None may name itself: each names the other end of the link, ranks of the host it
+could not reach. The issue this pins: the receiver named itself, 4 runs of 4, because the sender left naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.netns import topology
+from tests.netns.rank_processes import ROOT, Output, dump_stacks, start, stop
+
+pytestmark = pytest.mark.netns
+TOKEN = "netns-cut-link-token"
+START_BOUND = 60.0  # coordinator up, both ranks joined and training
+RESULT_BOUND = 45.0  # after the cut: the data plane's own deadlines, on a loaded 2-core machine
+
+reason = topology.available()
+if reason:
+    pytest.skip(reason, allow_module_level=True)
+
+
+@pytest.fixture
+def hosts() -> Iterator[dict[str, topology.Host]]:
+    with topology.hosts(["a", "b", "c"]) as made:
+        topology.pin_neighbours(made)  # no failed address resolution gives the cut away
+        yield made
+
+
+def drop_between(host: topology.Host, other: topology.Host) -> None:
+    """Drops every packet between ``host`` and ``other``, in both directions, silently."""
+    for chain, side in (("INPUT", "-s"), ("OUTPUT", "-d")):
+        topology.sh(*host.command(["iptables", "-I", chain, side, other.address, "-j", "DROP"]))
+
+
+@pytest.mark.parametrize(
+    ("op", "per_host"),
+    [("send_recv", 1), ("all_reduce", 1), ("all_reduce", 2)],
+    ids=["send_recv", "all_reduce", "all_reduce-2-per-host"],
+)
+def test_a_cut_link_names_the_other_end_on_both_sides(
+    hosts: dict[str, topology.Host], tmp_path: Path, op: str, per_host: int
+) -> None:
+    """With two ranks per host (shared memory within a host, each host's first rank leads and alone
+    crosses the link), a rank names the other host's ranks or an end of the cut link (a leader): one that
+    heard the far side's account first (rank 0 left: sending to rank 2 failed) names what it was told,
+    even its own host's leader. Never itself."""
+    nbytes = 64 << 10
+    world = 2 * per_host
+    a, b, c = hosts["a"], hosts["b"], hosts["c"]
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("COLLSVC_")}
+    base["PYTHONPATH"] = str(ROOT)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        argv = [sys.executable, "-m", "collsvc", "coordinator", "--host", c.address, "--port", "29400"]
+        procs.append(start([*argv, "--token-file", str(token_file)], c, tmp_path / "coordinator.log", base))
+        ranks: list[subprocess.Popen[bytes]] = []
+        for rank, host in enumerate([a] * per_host + [b] * per_host):
+            env = dict(
+                base,
+                COLLSVC_COORDINATOR=f"{c.address}:29400",
+                COLLSVC_WORLD_SIZE=str(world),
+                COLLSVC_RANK=str(rank),
+                COLLSVC_TOKEN=TOKEN,
+                COLLSVC_JOB_ID="cut-link",
+                COLLSVC_HOST=f"host-{host.name}",
+                COLLSVC_DUMP_DIR=str(tmp_path),
+            )
+            argv = [sys.executable, str(ROOT / "tests/netns/rank_main.py"), "link", op, str(nbytes)]
+            ranks.append(start(argv, host, tmp_path / f"rank{rank}.log", env))
+            procs.append(ranks[-1])
+        started = time.monotonic() + START_BOUND
+        outputs = [Output(proc, f"rank {rank}") for rank, proc in enumerate(ranks)]
+        for output in outputs:
+            output.line_with("TRAINING", started)
+        cut_at = time.monotonic()
+        drop_between(a, b)
+        results = [json.loads(o.line_with("RESULT ", cut_at + RESULT_BOUND).split("RESULT ", 1)[1]) for o in outputs]
+        for rank, proc in enumerate(ranks):  # each leaves the job and ends by itself
+            assert proc.wait(30) == 0, f"rank {rank} exited {proc.returncode}"
+    except (AssertionError, subprocess.TimeoutExpired) as exc:
+        dump_stacks(procs[1:])
+        stop(procs)
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-6000:]}" for p in sorted(tmp_path.glob("*.log")))
+        raise AssertionError(f"{exc}\nlogs:\n{logs}") from None
+    finally:
+        stop(procs)
+    lines = [f"rank {r['rank']} raised {r['error']} naming {r['ranks']} after {r['raised_at'] - cut_at:.2f} s: "
+             f"{r['message'][:300]}" for r in results]  # fmt: skip
+    print(f"\nMEASURED cut link ({nbytes} B {op}):\n  " + "\n  ".join(lines))
+    for rank, result in enumerate(results):
+        assert result["rank"] == rank, result
+        assert result["error"] in ("RankFailedError", "CollectiveTimeoutError"), result
+        other_host = set(range(per_host, world)) if rank < per_host else set(range(per_host))
+        link_ends = {0, per_host}
+        assert result["ranks"] and rank not in result["ranks"], (rank, result)
+        assert set(result["ranks"]) <= other_host | link_ends, (rank, result)
