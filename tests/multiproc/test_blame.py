@@ -48,7 +48,15 @@ def stopped_mid_loop(rank: int, stop_after: float) -> dict[str, Any]:
     return seen
 
 
-@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def rank_env(transport: str) -> Any:
+    """Shared memory on one host, the gRPC ring across one host per rank, or the gRPC ring on one host
+    (``COLLSVC_SHM=0``: the cross-host data path where hosts share a machine)."""
+    if transport == "grpc-one-host":
+        return lambda rank: {**host_env("shm")(rank), "COLLSVC_SHM": "0"}
+    return host_env(transport)
+
+
+@pytest.mark.parametrize("transport", ["shm", "grpc", "grpc-one-host"])
 def test_a_timeout_names_only_the_stopped_rank(transport: str) -> None:
     runs = int(os.environ.get("COLLSVC_BLAME_RUNS", "3"))
     for run in range(runs):
@@ -59,7 +67,7 @@ def test_a_timeout_names_only_the_stopped_rank(transport: str) -> None:
                 address=address,
                 args=(0.3 + 0.1 * run,),
                 env={"COLLSVC_JOIN_TIMEOUT": "60"},  # joining on a busy machine is not what is timed
-                rank_env=host_env(transport),
+                rank_env=rank_env(transport),
                 use_init=False,
                 allow_failures=True,
                 timeout=180,  # the whole job, startup included, on a busy machine
