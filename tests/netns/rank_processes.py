@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.netns import topology
 
@@ -68,3 +71,56 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without any ``COLLSVC_*`` variable, with the checkout importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLSVC_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start_ranks(
+    args: list[str], placement: list[topology.Host], env: dict[str, str], log_dir: Path
+) -> list[subprocess.Popen[bytes]]:
+    """Starts ``tests/netns/rank_main.py ARGS`` as rank r on ``placement[r]``: ``env`` plus the rank, the
+    world size, the host name ``host-<name>`` and ``log_dir`` for dumps; stderr to ``log_dir/rank<r>.log``."""
+    argv = [sys.executable, str(ROOT / "tests/netns/rank_main.py"), *args]
+    ranks = []
+    for rank, host in enumerate(placement):
+        rank_env = dict(
+            env,
+            COLLSVC_WORLD_SIZE=str(len(placement)),
+            COLLSVC_RANK=str(rank),
+            COLLSVC_HOST=f"host-{host.name}",
+            COLLSVC_DUMP_DIR=str(log_dir),
+        )
+        ranks.append(start(argv, host, log_dir / f"rank{rank}.log", rank_env))
+    return ranks
+
+
+def wait_training(ranks: list[subprocess.Popen[bytes]], bound: float) -> list[Output]:
+    """The ranks' outputs, once each printed TRAINING (within ``bound`` seconds).
+
+    Raises:
+        AssertionError: a rank did not, in time.
+    """
+    deadline = time.monotonic() + bound
+    outputs = [Output(proc, f"rank {rank}") for rank, proc in enumerate(ranks)]
+    for output in outputs:
+        output.line_with("TRAINING", deadline)
+    return outputs
+
+
+def result_of(output: Output, deadline: float) -> dict[str, Any]:
+    """The JSON a rank printed on its RESULT line (before ``deadline``, monotonic)."""
+    return json.loads(output.line_with("RESULT ", deadline).split("RESULT ", 1)[1])  # type: ignore[no-any-return]
+
+
+def failure_with_logs(error: BaseException, procs: list[subprocess.Popen[bytes]], log_dir: Path) -> AssertionError:
+    """``error`` retold with the processes' logs: the ranks (``procs`` after the coordinator, the first)
+    dump their stacks first, then every process is stopped."""
+    dump_stacks(procs[1:])
+    stop(procs)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-6000:]}" for p in sorted(log_dir.glob("*.log")))
+    return AssertionError(f"{error}\nlogs:\n{logs}")

@@ -10,8 +10,6 @@ could not reach. The issue this pins: the receiver named itself, 4 runs of 4, be
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -21,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from tests.netns import topology
-from tests.netns.rank_processes import ROOT, Output, dump_stacks, start, stop
+from tests.netns.rank_processes import (
+    clean_env,
+    failure_with_logs,
+    result_of,
+    start,
+    start_ranks,
+    stop,
+    wait_training,
+)
 
 pytestmark = pytest.mark.netns
 TOKEN = "netns-cut-link-token"
@@ -63,41 +69,22 @@ def test_a_cut_link_names_the_other_end_on_both_sides(
     a, b, c = hosts["a"], hosts["b"], hosts["c"]
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("COLLSVC_")}
-    base["PYTHONPATH"] = str(ROOT)
+    base = clean_env()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         argv = [sys.executable, "-m", "collsvc", "coordinator", "--host", c.address, "--port", "29400"]
         procs.append(start([*argv, "--token-file", str(token_file)], c, tmp_path / "coordinator.log", base))
-        ranks: list[subprocess.Popen[bytes]] = []
-        for rank, host in enumerate([a] * per_host + [b] * per_host):
-            env = dict(
-                base,
-                COLLSVC_COORDINATOR=f"{c.address}:29400",
-                COLLSVC_WORLD_SIZE=str(world),
-                COLLSVC_RANK=str(rank),
-                COLLSVC_TOKEN=TOKEN,
-                COLLSVC_JOB_ID="cut-link",
-                COLLSVC_HOST=f"host-{host.name}",
-                COLLSVC_DUMP_DIR=str(tmp_path),
-            )
-            argv = [sys.executable, str(ROOT / "tests/netns/rank_main.py"), "link", op, str(nbytes)]
-            ranks.append(start(argv, host, tmp_path / f"rank{rank}.log", env))
-            procs.append(ranks[-1])
-        started = time.monotonic() + START_BOUND
-        outputs = [Output(proc, f"rank {rank}") for rank, proc in enumerate(ranks)]
-        for output in outputs:
-            output.line_with("TRAINING", started)
+        env = dict(base, COLLSVC_COORDINATOR=f"{c.address}:29400", COLLSVC_TOKEN=TOKEN, COLLSVC_JOB_ID="cut-link")
+        ranks = start_ranks(["link", op, str(nbytes)], [a] * per_host + [b] * per_host, env, tmp_path)
+        procs.extend(ranks)
+        outputs = wait_training(ranks, START_BOUND)
         cut_at = time.monotonic()
         drop_between(a, b)
-        results = [json.loads(o.line_with("RESULT ", cut_at + RESULT_BOUND).split("RESULT ", 1)[1]) for o in outputs]
+        results = [result_of(output, cut_at + RESULT_BOUND) for output in outputs]
         for rank, proc in enumerate(ranks):  # each leaves the job and ends by itself
             assert proc.wait(30) == 0, f"rank {rank} exited {proc.returncode}"
     except (AssertionError, subprocess.TimeoutExpired) as exc:
-        dump_stacks(procs[1:])
-        stop(procs)
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-6000:]}" for p in sorted(tmp_path.glob("*.log")))
-        raise AssertionError(f"{exc}\nlogs:\n{logs}") from None
+        raise failure_with_logs(exc, procs, tmp_path) from None
     finally:
         stop(procs)
     lines = [f"rank {r['rank']} raised {r['error']} naming {r['ranks']} after {r['raised_at'] - cut_at:.2f} s: "

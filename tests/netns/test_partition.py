@@ -15,8 +15,6 @@ is killed at the end, and the namespaces are removed.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -26,7 +24,15 @@ from pathlib import Path
 import pytest
 
 from tests.netns import topology
-from tests.netns.rank_processes import Output, dump_stacks, start, stop
+from tests.netns.rank_processes import (
+    clean_env,
+    failure_with_logs,
+    result_of,
+    start,
+    start_ranks,
+    stop,
+    wait_training,
+)
 
 pytestmark = pytest.mark.netns
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,8 +80,7 @@ def test_pulled_cable_fails_both_sides_in_bounded_time(
     a, b = hosts["a"], hosts["b"]
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("COLLSVC_")}
-    base["PYTHONPATH"] = str(ROOT)
+    base = clean_env()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         coordinator = start(
@@ -102,39 +107,23 @@ def test_pulled_cable_fails_both_sides_in_bounded_time(
             base,
         )
         procs.append(coordinator)
-        ranks: list[subprocess.Popen[bytes]] = []
-        for rank, host in enumerate((a, b)):
-            env = dict(
-                base,
-                COLLSVC_COORDINATOR=f"{a.address}:29400",
-                COLLSVC_WORLD_SIZE="2",
-                COLLSVC_RANK=str(rank),
-                COLLSVC_TOKEN=TOKEN,
-                COLLSVC_JOB_ID="partition",
-                COLLSVC_HOST=f"host-{host.name}",
-                COLLSVC_HEARTBEAT_INTERVAL=str(HEARTBEAT_INTERVAL),
-                COLLSVC_COORDINATOR_GRACE=str(GRACE),
-                COLLSVC_DUMP_DIR=str(tmp_path),
-            )
-            argv = [sys.executable, str(ROOT / "tests/netns/rank_main.py"), "train", op, str(nbytes)]
-            ranks.append(start(argv, host, tmp_path / f"rank{rank}.log", env))
-            procs.append(ranks[-1])
-        started = time.monotonic() + START_BOUND
-        outputs = [Output(proc, f"rank {rank}") for rank, proc in enumerate(ranks)]
-        for output in outputs:
-            output.line_with("TRAINING", started)
+        env = dict(
+            base,
+            COLLSVC_COORDINATOR=f"{a.address}:29400",
+            COLLSVC_TOKEN=TOKEN,
+            COLLSVC_JOB_ID="partition",
+            COLLSVC_HEARTBEAT_INTERVAL=str(HEARTBEAT_INTERVAL),
+            COLLSVC_COORDINATOR_GRACE=str(GRACE),
+        )
+        ranks = start_ranks(["train", op, str(nbytes)], [a, b], env, tmp_path)
+        procs.extend(ranks)
+        outputs = wait_training(ranks, START_BOUND)
 
         cut_at = time.monotonic()
         b.cut()
-        results = []
-        for output in outputs:
-            line = output.line_with("RESULT ", cut_at + RESULT_BOUND)
-            results.append(json.loads(line.split("RESULT ", 1)[1]))
+        results = [result_of(output, cut_at + RESULT_BOUND) for output in outputs]
     except AssertionError as exc:
-        dump_stacks(procs[1:])
-        stop(procs)
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-6000:]}" for p in sorted(tmp_path.glob("*.log")))
-        raise AssertionError(f"{exc}\nlogs:\n{logs}") from None
+        raise failure_with_logs(exc, procs, tmp_path) from None
     finally:
         stop(procs)
 
