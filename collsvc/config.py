@@ -19,6 +19,9 @@ Extra knobs: ``COLLSVC_ADVERTISE_ADDRESS`` (the address peers dial to reach this
 ``COLLSVC_TLS_CERT``/``COLLSVC_TLS_KEY``/``COLLSVC_TLS_CA``, ``COLLSVC_HEARTBEAT_INTERVAL``,
 ``COLLSVC_COORDINATOR_GRACE`` (seconds a member keeps retrying a lost coordinator before failing, default 20),
 ``COLLSVC_SHM`` (``0`` turns off shared memory between ranks of one host),
+``COLLSVC_TCP_LANE`` (``0``: ring frames between ranks go over gRPC calls instead of a plain TCP lane
+per peer negotiated over gRPC; without TLS only, see ``client/backends/ring/lane_wire.py``),
+``COLLSVC_LANE_PORT`` (the port that lane listens on, default 0 = any free port; the images set 29501),
 ``COLLSVC_SHM_BARRIERS`` (``auto``, ``memory`` or ``sockets``: how ranks of one host meet, see
 :func:`shm_barriers`),
 ``COLLSVC_HIERARCHICAL`` (``auto``, ``always`` or ``never``: hierarchical all_reduce across hosts),
@@ -271,6 +274,8 @@ def resolve_init(
         peer_port=_int_in(env, "COLLSVC_PEER_PORT", 0, 65535) or 0,
         coordinator_grace=grace,
         shared_memory=_flag(env, "COLLSVC_SHM", True),
+        tcp_lane=_flag(env, "COLLSVC_TCP_LANE", True),
+        lane_port=_int_in(env, "COLLSVC_LANE_PORT", 0, 65535) or 0,
         small_bytes=_int_in(env, "COLLSVC_RING_SMALL_BYTES", 0),
         rooted_agreement=_flag(env, "COLLSVC_ROOTED_AGREEMENT", True),
         hierarchical=_choice(env, "COLLSVC_HIERARCHICAL", ("auto", "always", "never")),

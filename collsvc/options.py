@@ -95,6 +95,8 @@ class InitOptions:
     peer_port: int = 0
     coordinator_grace: float = 20.0
     shared_memory: bool = True
+    tcp_lane: bool = True  # frames between hosts over a plain TCP lane where no TLS is configured
+    lane_port: int = 0  # the port that lane listens on (0: any free port)
     hierarchical: str = "auto"
     small_bytes: int | None = None
     rooted_agreement: bool = True

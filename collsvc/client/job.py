@@ -17,8 +17,9 @@ from typing import Any
 from collsvc.client import fork_guard
 from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.backends.ring.backend import RingBackend
-from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
+from collsvc.client.backends.ring.grpc_transport import GrpcTransport
 from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.client.backends.ring.peer_server import PeerServer
 from collsvc.client.departures import Departures
 from collsvc.client.devices import choose_backend
 from collsvc.client.failure_state import FailureState

@@ -13,9 +13,10 @@ import time
 from collsvc.client import fork_guard
 from collsvc.client.backends.reduction import reducing_ns
 from collsvc.client.backends.ring.backend import RingBackend
-from collsvc.client.backends.ring.grpc_transport import GrpcTransport, PeerServer
+from collsvc.client.backends.ring.grpc_transport import GrpcTransport
 from collsvc.client.backends.ring.local_frames import for_job as frames_for_job
 from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.client.backends.ring.peer_server import PeerServer
 from collsvc.client.backends.shm.groups import LocalGroups
 from collsvc.client.coordinator_channel import wait_for_launch_signal
 from collsvc.client.departures import Departures
@@ -72,6 +73,7 @@ def connect(options: InitOptions) -> Job:
             token=options.token,
             tls=options.tls,
             max_message_bytes=Limits().max_message_bytes,
+            lane_port=options.lane_port if options.tcp_lane and options.tls is None else None,
         )
     except BaseException:
         client.close()
@@ -149,6 +151,7 @@ def _assemble(
         tls=options.tls,
         max_message_bytes=max_message_bytes,
         local_frames=local_frames,
+        lane=options.tcp_lane,
     )
     ring = RingBackend(
         transport.channel,

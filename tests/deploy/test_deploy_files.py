@@ -44,6 +44,7 @@ TOOLS = Path(os.environ.get("COLLSVC_DEPLOY_TOOLS", Path.home() / ".cache" / "co
 COORDINATOR_PORT = 29400
 METRICS_PORT = 9464  # the coordinator's Prometheus /metrics (docs/observability.md)
 PEER_PORT = 29500
+LANE_PORT = 29501  # the bulk lane beside the peer endpoint (client/backends/ring/lane_wire.py)
 WORKER_SCRIPT = "/app/examples/train_data_parallel.py"
 ELASTIC_WORKER = ["python", "-m", "collsvc.elastic.rejoin", "/app/examples/elastic_train.py"]
 # The environment a worker may be configured with (docs/deploy.md, collsvc/config.py).
@@ -57,6 +58,7 @@ ALLOWED_COLLSVC_ENV = {
     "COLLSVC_ADVERTISE_ADDRESS",
     "COLLSVC_HOST",
     "COLLSVC_PEER_PORT",
+    "COLLSVC_LANE_PORT",
 }
 # Values any multi-host compose run must provide (docs/deploy.md).
 MULTIHOST_ENV = {"COORDINATOR_ADDR": "10.0.0.1:29400", "ADVERTISE_ADDR": "10.0.0.2", "WORLD_SIZE": "4"}
@@ -308,7 +310,8 @@ def test_k8s_worker_wiring(name: str) -> None:
     assert env["COLLSVC_ADVERTISE_ADDRESS"]["value"] == f"$(POD_IP):{PEER_PORT}"
     names = [e["name"] for e in worker["env"]]
     assert names.index("POD_IP") < names.index("COLLSVC_ADVERTISE_ADDRESS"), "$(POD_IP) must be defined first"
-    assert [p["containerPort"] for p in worker["ports"]] == [PEER_PORT]
+    assert env["COLLSVC_LANE_PORT"]["value"] == str(LANE_PORT)
+    assert [p["containerPort"] for p in worker["ports"]] == [PEER_PORT, LANE_PORT]
     headless = one(docs, "Service", "collsvc-workers")
     assert headless["spec"]["clusterIP"] == "None"
     assert pod["subdomain"] == headless["metadata"]["name"]
@@ -397,16 +400,19 @@ def test_k8s_network_policies(name: str) -> None:
             assert sel.items() <= coord_labels.items()
             assert [set(src) for src in extra["from"]] == [{"namespaceSelector"}]
         (rule,) = [r for r in rules if r not in scrape]
-        (port,) = rule["ports"]
+        port, *others = rule["ports"]
         # Only worker pods may connect.
         for src in rule["from"]:
             assert set(src) == {"podSelector"}
             assert src["podSelector"]["matchLabels"].items() <= worker_labels.items()
             assert not src["podSelector"]["matchLabels"].items() <= coord_labels.items()
         by_target[port["port"]] = sel
+        for other in others:
+            by_target[other["port"]] = sel
     assert by_target[COORDINATOR_PORT].items() <= coord_labels.items()
     assert by_target[PEER_PORT].items() <= worker_labels.items()
     assert not by_target[PEER_PORT].items() <= coord_labels.items()
+    assert by_target[LANE_PORT] == by_target[PEER_PORT]
 
 
 def test_k8s_images() -> None:
@@ -525,7 +531,7 @@ def test_dockerfile_contract(dockerfile: Path) -> None:
     get = lambda word: [rest for w, rest in final if w == word]  # noqa: E731
     assert get("ENTRYPOINT") == ['["collsvc"]']
     assert get("CMD") == [f'["coordinator", "--host", "0.0.0.0", "--port", "{COORDINATOR_PORT}"]']
-    assert set(get("EXPOSE")[0].split()) == {str(COORDINATOR_PORT), str(PEER_PORT)}
+    assert set(get("EXPOSE")[0].split()) == {str(COORDINATOR_PORT), str(PEER_PORT), str(LANE_PORT)}
     (user,) = get("USER")
     assert user.split(":")[0] not in ("root", "0")
     (health,) = get("HEALTHCHECK")

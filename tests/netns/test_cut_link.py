@@ -10,6 +10,7 @@ could not reach. The issue this pins: the receiver named itself, 4 runs of 4, be
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ TOKEN = "netns-cut-link-token"
 START_BOUND = 60.0  # coordinator up, both ranks joined and training
 RESULT_BOUND = 45.0  # after the cut: the data plane's own deadlines, on a loaded 2-core machine
 
-reason = topology.available()
+reason = topology.available() or (None if shutil.which("iptables") else "needs iptables (apt-get install iptables)")
 if reason:
     pytest.skip(reason, allow_module_level=True)
 

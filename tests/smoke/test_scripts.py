@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -157,6 +158,15 @@ SMOKE: dict[str, Smoke] = {
         "host cost per call: comm.all_reduce",
         check=lambda stdout: nccl_host_cost_goal(stdout),
     ),
+    "benchmarks/cross_host.py": Smoke(  # without root it says it skipped, which the expected line allows
+        (
+            "benchmarks/cross_host.py",
+            *("--per-host", "1", "--links", "bare", "--sizes", "4K", "--repeats", "1", "--iters", "3"),
+            *("--warmup", "1", "--floor-total", "8M"),
+        ),
+        "cross_host: skipped" if os.geteuid() != 0 else "| bare | 1 | 4 KiB |",
+        needs=("torch",),
+    ),
     "benchmarks/torch_cuda.py": Smoke(
         ("benchmarks/torch_cuda.py", "--sizes", "4K", "--iters", "2", "--repeats", "1"), "", needs=("torch",)
     ),
@@ -164,7 +174,10 @@ SMOKE: dict[str, Smoke] = {
 # Scripts that need a GPU: without one they say so and exit 0 (test_gpu_benchmarks_...).
 NEED_GPU = {"benchmarks/torch_cuda.py": "collsvc data plane: nccl"}
 # Scripts that are only ever started by another script, which its own smoke run covers.
-RUN_BY = {"benchmarks/gloo_worker.py": "benchmarks/compare_gloo.py"}
+RUN_BY = {
+    "benchmarks/gloo_worker.py": "benchmarks/compare_gloo.py",
+    "benchmarks/link_floor.py": "benchmarks/cross_host.py",
+}
 # Examples whose own test runs them through the real path (with checks beyond a smoke line).
 TESTED_IN = {
     "examples/torch_ddp.py": "tests/torch/test_example.py",

@@ -48,23 +48,48 @@ def encode_header(src: int, key: int, seq: int, step: int, digest: int, signatur
     return HEADER.pack(MAGIC, VERSION, 0, len(signature), src, key, seq, step, 0, digest, nbytes, 0) + signature
 
 
-def decode(frame: bytes, max_payload: int) -> tuple[FrameHeader, memoryview]:
-    """Splits a received frame into its header and a zero-copy payload view.
+@dataclass(frozen=True)
+class FrameLayout:
+    """What a frame's fixed header says: its fields and how many signature and payload bytes follow."""
+
+    src: int
+    key_hash: int
+    seq: int
+    step: int
+    digest: int
+    signature_bytes: int
+    payload_bytes: int
+
+    def header(self, signature: bytes) -> FrameHeader:
+        return FrameHeader(self.src, self.key_hash, self.seq, self.step, self.digest, signature)
+
+
+def read_layout(head: bytes | bytearray | memoryview, max_payload: int) -> FrameLayout:
+    """Reads the fixed header at the start of ``head`` (at least ``HEADER.size`` bytes).
 
     Raises:
-        FrameError: the frame is shorter than its header says, has the wrong magic or version, or
-            advertises a payload above ``max_payload``.
+        FrameError: ``head`` is shorter than the header, has the wrong magic or version, or advertises
+            a payload above ``max_payload``.
     """
-    if len(frame) < HEADER.size:
-        raise FrameError(f"frame of {len(frame)} bytes is shorter than the {HEADER.size}-byte header")
-    magic, version, _flags, sig_len, src, key, seq, step, _r, digest, nbytes, _r2 = HEADER.unpack_from(frame)
+    if len(head) < HEADER.size:
+        raise FrameError(f"frame of {len(head)} bytes is shorter than the {HEADER.size}-byte header")
+    magic, version, _flags, sig_len, src, key, seq, step, _r, digest, nbytes, _r2 = HEADER.unpack_from(head)
     if magic != MAGIC or version != VERSION:
         raise FrameError("not a collsvc frame (bad magic or version)")
     if sig_len > MAX_SIGNATURE_BYTES or nbytes > max_payload:
         raise FrameError(f"frame advertises {nbytes} payload bytes, over the limit of {max_payload}")
-    start = HEADER.size + sig_len
-    if len(frame) != start + nbytes:
-        raise FrameError(f"frame length {len(frame)} does not match its header ({start + nbytes})")
+    return FrameLayout(src, key, seq, step, digest, sig_len, nbytes)
+
+
+def decode(frame: bytes, max_payload: int) -> tuple[FrameHeader, memoryview]:
+    """Splits a received frame into its header and a zero-copy payload view.
+
+    Raises:
+        FrameError: see :func:`read_layout`; or the frame's length differs from what its header says.
+    """
+    layout = read_layout(frame, max_payload)
+    start = HEADER.size + layout.signature_bytes
+    if len(frame) != start + layout.payload_bytes:
+        raise FrameError(f"frame length {len(frame)} does not match its header ({start + layout.payload_bytes})")
     view = memoryview(frame)
-    header = FrameHeader(src, key, seq, step, digest, bytes(view[HEADER.size : start]))
-    return header, view[start:]
+    return layout.header(bytes(view[HEADER.size : start])), view[start:]

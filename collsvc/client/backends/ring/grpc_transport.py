@@ -4,17 +4,21 @@ Payloads are never copied into protobuf messages: ``Deliver`` is a raw-bytes una
 serializers) whose request is one frame (``frames.py``). A send is an asynchronous call (``future``),
 so a rank sends its next chunk while the previous one is in flight; frames are deposited in the
 receiver's :class:`Mailbox` on arrival, whether or not the receiver already asked for them.
+
+Where both ends allow it (no TLS, ``COLLSVC_TCP_LANE`` not ``0``), frames take a bulk lane instead: a
+plain TCP connection per peer that the peers negotiate over this endpoint (``Lane``, see
+``lane_wire.py``); gRPC itself moves at most about half of what the link carries (docs/performance.md).
+A lane's sends complete and fail like gRPC calls, so the ring does not know which road a frame took.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn
+from concurrent.futures import Future
+from typing import Any, NoReturn, TypeAlias
 
 import grpc
 
@@ -26,12 +30,12 @@ from collsvc.client.backends.grpc_options import (
     channel_credentials,
     keepalive_options,
     message_options,
-    ping_permit_options,
-    server_credentials,
 )
 from collsvc.client.backends.ring import frames
+from collsvc.client.backends.ring.lanes import Lanes
 from collsvc.client.backends.ring.local_frames import LocalFrames
 from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.client.backends.ring.peer_server import SERVICE
 from collsvc.errors import (
     AuthenticationError,
     CollectiveMismatchError,
@@ -43,78 +47,13 @@ from collsvc.options import TlsFiles
 
 log = logging.getLogger(__name__)
 
-SERVICE = "collsvc.proto.v1.Peer"
 DELIVER = f"/{SERVICE}/Deliver"
+LANE = f"/{SERVICE}/Lane"
 
 
 # How long a rank whose delivery was refused waits for the coordinator's news of that peer (a clean
 # departure names what had failed its job) before the refusal itself becomes the failure.
 DEPARTURE_NEWS_GRACE = 2.0
-
-
-class PeerServer:
-    """Serves this rank's peer endpoint and deposits arriving frames into ``mailbox``.
-
-    With a token, every call must carry ``authorization: Bearer <token>``; the check is a constant-time
-    compare done before the frame is decoded.
-
-    Raises:
-        OSError: the address could not be bound.
-    """
-
-    def __init__(
-        self,
-        bind_host: str,
-        port: int,
-        mailbox: Mailbox,
-        *,
-        token: str | None,
-        tls: TlsFiles | None,
-        max_message_bytes: int,
-    ) -> None:
-        self._mailbox = mailbox
-        self._expected = f"Bearer {token}".encode() if token else None
-        self._max_payload = max_message_bytes
-        options = [("grpc.so_reuseport", 0), *message_options(max_message_bytes + 8192), *ping_permit_options()]
-        self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=8, thread_name_prefix="collsvc-peer"), options=options
-        )
-        handlers = {"Deliver": grpc.unary_unary_rpc_method_handler(self._deliver)}
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        address = f"[{bind_host}]:{port}" if ":" in bind_host else f"{bind_host}:{port}"
-        try:
-            if tls is not None:
-                bound = self._server.add_secure_port(address, server_credentials(tls))
-            else:
-                bound = self._server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"cannot bind the peer endpoint to {address}: {exc}") from exc
-        if not bound:
-            raise OSError(f"cannot bind the peer endpoint to {address}: address in use or unavailable")
-        self.port: int = bound
-        self._server.start()
-
-    def _authorized(self, context: grpc.ServicerContext) -> bool:
-        if self._expected is None:
-            return True
-        for key, value in context.invocation_metadata():
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else bytes(value)
-                return hmac.compare_digest(given, self._expected)
-        return False
-
-    def _deliver(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        if not self._authorized(context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "peer call denied: missing or wrong job token")
-        try:
-            header, payload = frames.decode(request, self._max_payload)
-        except frames.FrameError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        self._mailbox.deposit(header, payload)
-        return b""
-
-    def stop(self, grace: float = 0.5) -> None:
-        self._server.stop(grace).wait(grace + 1.0)
 
 
 def _send_error(code: grpc.StatusCode, details: str, rank: int, host: str, address: str) -> CollsvcError:
@@ -126,7 +65,12 @@ def _send_error(code: grpc.StatusCode, details: str, rank: int, host: str, addre
     return RankFailedError(what, [rank], [host])
 
 
-def refused(future: grpc.Future[bytes]) -> bool:
+# A send in flight: a gRPC call's future, or a lane send's (failing with a LaneError that carries the
+# gRPC status the same failure has on gRPC).
+Delivery: TypeAlias = "grpc.Future[bytes] | Future[bytes]"
+
+
+def refused(future: Delivery) -> bool:
     """Whether a finished send failed because nothing answered at the peer's address (its process or
     endpoint is gone), rather than an error the peer returned."""
     if not future.done() or future.cancelled():
@@ -149,6 +93,7 @@ class GrpcTransport:
         tls: TlsFiles | None,
         max_message_bytes: int,
         local_frames: LocalFrames | None = None,
+        lane: bool = False,
     ) -> None:
         self.rank = rank
         self.mailbox = mailbox
@@ -162,6 +107,14 @@ class GrpcTransport:
         self._lock = threading.Lock()
         self._channels: dict[int, grpc.Channel] = {}
         self._senders: dict[int, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {}
+        self._lane_askers: dict[int, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {}
+        #: bulk lanes to peers that offer one (None: every frame goes over gRPC)
+        self.lanes = Lanes(rank, self._addresses, self._ask_lane) if lane and tls is None else None
+
+    def _ask_lane(self, rank: int, request: bytes, timeout: float) -> bytes:
+        self._sender(rank)
+        answer: bytes = self._lane_askers[rank](request, timeout=timeout, metadata=self._metadata)
+        return answer
 
     def _sender(self, rank: int) -> grpc.UnaryUnaryMultiCallable[bytes, bytes]:
         sender = self._senders.get(rank)
@@ -180,6 +133,7 @@ class GrpcTransport:
                     channel = grpc.insecure_channel(address, options=options)
                 self._channels[rank] = channel
                 self._senders[rank] = channel.unary_unary(DELIVER, request_serializer=None, response_deserializer=None)
+                self._lane_askers[rank] = channel.unary_unary(LANE, request_serializer=None, response_deserializer=None)
             return self._senders[rank]
 
     def channel(self, call: Call) -> GrpcChannel:
@@ -187,13 +141,29 @@ class GrpcTransport:
         return GrpcChannel(self, call)
 
     def send_frame(
-        self, dst: int, data: bytes, deadline: float, on_error: Callable[[CollsvcError, bool], None]
-    ) -> grpc.Future[bytes]:
-        """Starts delivering ``data`` to global rank ``dst``; returns the call's future."""
-        timeout = max(deadline - time.monotonic(), 0.001)
-        future = self._sender(dst).future(data, timeout=timeout, metadata=self._metadata)
+        self,
+        dst: int,
+        header: bytes,
+        payload: memoryview,
+        deadline: float,
+        on_error: Callable[[CollsvcError, bool], None],
+    ) -> Delivery:
+        """Starts delivering a frame to global rank ``dst`` (over its lane if it has one); returns the
+        send's future.
 
-        def done(fut: grpc.Future[bytes]) -> None:
+        Raises:
+            BaseException: the failure recorded in the mailbox while a lane write waited on the peer.
+        """
+        lane = self.lanes.to(dst, deadline) if self.lanes is not None else None
+        future: Delivery
+        if lane is not None:
+            future = lane.send(header, payload, deadline, self.mailbox.recorded_failure)
+        else:
+            timeout = max(deadline - time.monotonic(), 0.001)
+            data = b"".join((header, payload))
+            future = self._sender(dst).future(data, timeout=timeout, metadata=self._metadata)
+
+        def done(fut: Delivery) -> None:
             error = self.delivery_error(dst, fut)
             if error is not None:
                 on_error(error, refused(fut))
@@ -201,7 +171,7 @@ class GrpcTransport:
         future.add_done_callback(done)
         return future
 
-    def delivery_error(self, dst: int, future: grpc.Future[bytes]) -> CollsvcError | None:
+    def delivery_error(self, dst: int, future: Delivery) -> CollsvcError | None:
         """The error a finished send to global rank ``dst`` ended with; None if delivered or cancelled."""
         if not future.done() or future.cancelled():
             return None
@@ -215,6 +185,8 @@ class GrpcTransport:
     def close(self) -> None:
         if self.local_frames is not None:
             self.local_frames.close()
+        if self.lanes is not None:
+            self.lanes.close()
         with self._lock:
             for channel in self._channels.values():
                 channel.close()
@@ -232,7 +204,7 @@ class GrpcChannel:
         self._key = frames.key_hash(call.key)
         self._signature = call.signature.encode()
         self._digest = call.signature.digest
-        self._pending: list[tuple[int, grpc.Future[bytes]]] = []  # (global rank, send in flight)
+        self._pending: list[tuple[int, Delivery]] = []  # (global rank, send in flight)
         self._error: CollsvcError | None = None
         self._refused_by: int | None = None  # the peer whose refusal is self._error, until explained
 
@@ -284,8 +256,9 @@ class GrpcChannel:
         local = self._transport.local_frames
         if local is not None and local.send(target, (header, view), len(header) + view.nbytes):
             return  # in the receiver's ring: delivered, nothing to wait for in flush()
-        data = b"".join((header, view))
-        self._pending.append((target, self._transport.send_frame(target, data, self._call.deadline, self._record)))
+        self._pending.append(
+            (target, self._transport.send_frame(target, header, view, self._call.deadline, self._record))
+        )
 
     def recv(self, src: int, step: int) -> memoryview:
         src_rank = self._ranks[src]
@@ -326,7 +299,7 @@ class GrpcChannel:
         if self._error is not None:
             self._raise_recorded()
 
-    def _await_delivery(self, in_flight: list[grpc.Future[bytes]]) -> None:
+    def _await_delivery(self, in_flight: list[Delivery]) -> None:
         """Waits for sends in flight; a failure recorded meanwhile ends the wait and cancels them.
 
         Raises:
@@ -334,9 +307,9 @@ class GrpcChannel:
             CollectiveTimeoutError: the call's deadline passed first.
         """
         mailbox = self._transport.mailbox
-        landed: list[grpc.Future[bytes]] = []
+        landed: list[Delivery] = []
 
-        def on_landed(future: grpc.Future[bytes]) -> None:
+        def on_landed(future: Delivery) -> None:
             landed.append(future)  # list.append is atomic; the waiter reads len() after wake() locked
             mailbox.wake()
 

@@ -141,6 +141,10 @@ class Mailbox:
                 self._failure = error
             self._cond.notify_all()
 
+    def recorded_failure(self) -> BaseException | None:
+        """The failure recorded by :meth:`fail`, if any (read without waiting)."""
+        return self._failure
+
     def unreachable(self, rank: int, error: BaseException, grace: float) -> None:
         """Records that global ``rank`` refused a delivery: its process is gone.
 

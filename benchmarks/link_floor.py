@@ -1,0 +1,124 @@
+"""What a link carries without collsvc: a plain TCP stream and raw-bytes gRPC calls between two hosts.
+
+Run by benchmarks/cross_host.py, one side in each host's network namespace:
+
+    python benchmarks/link_floor.py serve HOST          # prints "ready TCP_PORT GRPC_PORT", then serves
+    python benchmarks/link_floor.py measure HOST TCP_PORT GRPC_PORT --sizes 64K,1M,16M --total 256M
+
+``measure`` prints one JSON line: the TCP stream's rate (4 MiB writes, one connection, one direction)
+and, per message size, raw-bytes gRPC (identity serializers, no protobuf copies) as unary calls with
+four in flight and as one client stream; rates in GB/s (1e9 bytes per second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from collsvc.bench import parse_size  # noqa: E402
+
+OPTIONS = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
+SERVICE = "floor.Bytes"
+STREAM_WRITE = 4 << 20
+
+
+def serve(host: str) -> None:
+    listener = socket.create_server((host, 0))
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), options=OPTIONS)
+
+    def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return b""
+
+    def stream(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        for _ in requests:
+            pass
+        return b""
+
+    handlers = {
+        "Unary": grpc.unary_unary_rpc_method_handler(unary),
+        "Stream": grpc.stream_unary_rpc_method_handler(stream),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    grpc_port = server.add_insecure_port(f"{host}:0")
+    server.start()
+
+    def drain(conn: socket.socket) -> None:
+        buffer = memoryview(bytearray(STREAM_WRITE))
+        with conn:
+            while conn.recv_into(buffer):
+                pass
+            conn.sendall(b"k")  # the whole stream arrived
+
+    print(f"ready {listener.getsockname()[1]} {grpc_port}", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=drain, args=(conn,), daemon=True).start()
+
+
+def tcp_rate(host: str, port: int, total: int) -> float:
+    data = bytes(STREAM_WRITE)
+    with socket.create_connection((host, port)) as conn:
+        started = time.perf_counter()
+        for _ in range(max(total // STREAM_WRITE, 1)):
+            conn.sendall(data)
+        conn.shutdown(socket.SHUT_WR)
+        conn.recv(1)
+        return max(total // STREAM_WRITE, 1) * STREAM_WRITE / (time.perf_counter() - started) / 1e9
+
+
+def grpc_rates(host: str, port: int, size: int, total: int) -> dict[str, float]:
+    count = max(total // size, 8)
+    data = bytes(size)
+    with grpc.insecure_channel(f"{host}:{port}", options=OPTIONS) as channel:
+        unary = channel.unary_unary(f"/{SERVICE}/Unary", request_serializer=None, response_deserializer=None)
+        stream = channel.stream_unary(f"/{SERVICE}/Stream", request_serializer=None, response_deserializer=None)
+        unary(b"")  # connected
+        started = time.perf_counter()
+        in_flight: list[grpc.Future[bytes]] = []
+        for _ in range(count):
+            in_flight.append(unary.future(data))
+            if len(in_flight) >= 4:
+                in_flight.pop(0).result()
+        for future in in_flight:
+            future.result()
+        unary_rate = count * size / (time.perf_counter() - started) / 1e9
+        started = time.perf_counter()
+        stream(iter([data] * count))
+        stream_rate = count * size / (time.perf_counter() - started) / 1e9
+        started = time.perf_counter()
+        for _ in range(50):
+            unary(b"x" * 64)
+        round_trip = (time.perf_counter() - started) / 50
+    return {"bytes": size, "grpc_unary_gbs": unary_rate, "grpc_stream_gbs": stream_rate, "grpc_rtt_s": round_trip}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("serve", "measure"))
+    parser.add_argument("host")
+    parser.add_argument("tcp_port", nargs="?", type=int)
+    parser.add_argument("grpc_port", nargs="?", type=int)
+    parser.add_argument("--sizes", default="64K,1M,16M")
+    parser.add_argument("--total", default="256M", help="bytes per measurement")
+    args = parser.parse_args()
+    if args.mode == "serve":
+        serve(args.host)
+        return 0
+    total = parse_size(args.total)
+    rows = [grpc_rates(args.host, args.grpc_port, parse_size(size), total) for size in args.sizes.split(",")]
+    print(json.dumps({"tcp_stream_gbs": tcp_rate(args.host, args.tcp_port, total), "grpc": rows}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
