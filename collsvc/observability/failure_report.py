@@ -24,7 +24,7 @@ from typing import Any
 
 REPORT_DIR_ENV = "COLLSVC_REPORT_DIR"
 DEBUG_ENV = "COLLSVC_DEBUG"
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # collsvc/, not observability/
 _installed = False
 _installed_pid = 0  # the rank's process: its forked children do not report for it
 
