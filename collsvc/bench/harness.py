@@ -90,7 +90,7 @@ def run_bench(
         "check": check,
         "progress": progress,
     }
-    job_env = dict(
+    job_env = dict(  # reads the environment itself: the ranks' starts as a copy of this process's
         os.environ,
         COLLSVC_COORDINATOR=f"127.0.0.1:{port}",
         COLLSVC_WORLD_SIZE=str(n),

@@ -145,6 +145,7 @@ def _measure_size(
 
 
 def main() -> int:
+    # Reads the environment itself: COLLSVC_BENCH and COLLSVC_BACKEND are what `collsvc bench` wrote for it.
     config = json.loads(os.environ["COLLSVC_BENCH"])
     try:
         comm = collsvc.init(backend=os.environ.get("COLLSVC_BACKEND", "auto"))

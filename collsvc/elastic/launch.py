@@ -72,6 +72,7 @@ class ElasticLauncher(Launcher):
         """
         self._restarts += 1
         local_rank = (failed.rank - self.spec.node_rank * self.spec.nproc) % self.spec.nproc
+        # reads the environment itself: a replacement's starts as a copy of the launcher's (rank_env)
         env = rank_env(os.environ, self.spec, self._coordinator, self._token, local_rank)
         env.update(newcomer_env(self.spec.job_id))
         ident = self.spec.nnodes * self.spec.nproc + len(self._labels)

@@ -17,7 +17,6 @@ import queue
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from collsvc.config import COORDINATOR_READY_ENV, thread_defaults
+from collsvc.config import COORDINATOR_READY_ENV, host_name, thread_defaults
 from collsvc.launch.embedded_coordinator import EmbeddedCoordinator
 from collsvc.launch.fork_server import script_preloads
 from collsvc.launch.forked_ranks import ForkedProcess, ForkServer, can_fork, signal_group
@@ -83,7 +82,7 @@ class Launcher:
 
     def __init__(self, spec: LaunchSpec, *, host: str | None = None, out: Callable[[str], None] | None = None):
         self.spec = spec
-        self.host = host or os.environ.get("COLLSVC_HOST") or socket.gethostname()
+        self.host = host or host_name()
         self._say = out or (lambda text: write_line(sys.stderr, text + "\n"))
         self._events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()
         self._ranks: list[RankProcess] = []
@@ -123,12 +122,13 @@ class Launcher:
             if self._signalled:
                 return
             rank = self.spec.node_rank * self.spec.nproc + local_rank
+            # reads the environment itself: each rank's starts as a copy of the launcher's (rank_env)
             env = rank_env(os.environ, self.spec, coordinator, token, local_rank)
             ready = self.embedded.ready_signal if self.embedded is not None else None
             if ready is not None:  # the ranks wait for it (see collsvc/launch/embedded_coordinator.py)
                 env[COORDINATOR_READY_ENV] = ready[1]
             env.update(self._relay.environment() if self._relay is not None else {})
-            if self.heartbeat_interval is not None and not os.environ.get("COLLSVC_HEARTBEAT_INTERVAL"):
+            if self.heartbeat_interval is not None and not env.get("COLLSVC_HEARTBEAT_INTERVAL"):  # the user's wins
                 env["COLLSVC_HEARTBEAT_INTERVAL"] = f"{self.heartbeat_interval:g}"
             pass_fds = (ready[0],) if ready is not None else ()
             if self._fork_server is None and self.spec.start_method == FORK_SERVER and can_fork(self.spec.command):
