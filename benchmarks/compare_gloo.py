@@ -5,8 +5,8 @@ Usage:
         [--sizes 4K,1M,16M,64M] [--repeats 3] [--iters 50] [--warmup 3]
         [--write docs/performance.md] [--block compare_gloo] [--plot docs/busbw.png]
 
-Both libraries run the protocol of collsvc/bench_protocol.py, one copy of the code for both sides
-(collsvc's ranks: collsvc/_bench_worker.py; gloo's: benchmarks/gloo_worker.py):
+Both libraries run the protocol of collsvc/bench/protocol.py, one copy of the code for both sides
+(collsvc's ranks: collsvc/bench/worker.py; gloo's: benchmarks/gloo_worker.py):
 - each rank cycles through 2 to 8 distinct buffer sets per size (enough for 32 MiB in all where 8
   suffice; at most 4x the message from 16 MiB on); all_reduce, broadcast and reduce run in place on
   both sides, as torch's only can;
@@ -37,9 +37,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collsvc import _rank_processes  # noqa: E402
-from collsvc.bench import plot, run_bench, size_range  # noqa: E402
-from collsvc.bench_protocol import CACHE_BYTES, COLLECTIVES, MAX_BUFFERS, MIN_BUFFERS, median_of_repeats  # noqa: E402
+from collsvc.bench.harness import plot, run_bench, size_range  # noqa: E402
+from collsvc.bench.protocol import CACHE_BYTES, COLLECTIVES, MAX_BUFFERS, MIN_BUFFERS, median_of_repeats  # noqa: E402
+from collsvc.launch import rank_processes  # noqa: E402
 
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 # Seconds one run (every size of one op at one world size) may take, per library.
@@ -50,7 +50,7 @@ def run_gloo(n: int, op: str, sizes: list[int], iters: int, warmup: int) -> list
     """One run of benchmarks/gloo_worker.py on ``n`` local ranks; one row per size.
 
     Raises:
-        RuntimeError / TimeoutError: see :func:`collsvc._rank_processes.run_ranks`.
+        RuntimeError / TimeoutError: see :func:`collsvc.launch.rank_processes.run_ranks`.
     """
     with tempfile.TemporaryDirectory(prefix="compare-gloo-") as folder:
         result = os.path.join(folder, "rows.json")
@@ -66,7 +66,7 @@ def run_gloo(n: int, op: str, sizes: list[int], iters: int, warmup: int) -> list
         env = dict(os.environ, GLOO_BENCH=json.dumps(config), WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
         argv = [sys.executable, str(ROOT / "benchmarks/gloo_worker.py")]
         ranks = [dict(env, RANK=str(rank)) for rank in range(n)]
-        _rank_processes.run_ranks(argv, ranks, RUN_TIMEOUT, label="gloo rank")
+        rank_processes.run_ranks(argv, ranks, RUN_TIMEOUT, label="gloo rank")
         with open(result, encoding="utf-8") as handle:  # rank 0 writes it (benchmarks/gloo_worker.py)
             rows: list[dict[str, Any]] = json.load(handle)
         return rows
@@ -94,7 +94,7 @@ def header(args: argparse.Namespace) -> list[str]:
     return [
         f"- Machine: {os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()},"
         f" torch {metadata.version('torch')}.",
-        "- Protocol (collsvc/bench_protocol.py, the same code on both sides): each library's own barrier"
+        "- Protocol (collsvc/bench/protocol.py, the same code on both sides): each library's own barrier"
         " before every call; an iteration's time is the slowest rank's; p50 and p99 over"
         f" {args.iters} iterations after {args.warmup} warm-up calls, then the median of each over"
         f" {runs} alternating the libraries.",

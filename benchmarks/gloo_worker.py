@@ -2,7 +2,7 @@
 
 Started by benchmarks/compare_gloo.py, configured through GLOO_BENCH (JSON); rank 0 writes the rows to
 the file it names. The protocol (barrier, rotated buffers, slowest rank, p50/p99) is
-collsvc/bench_protocol.py, the same code collsvc's ranks run.
+collsvc/bench/protocol.py, the same code collsvc's ranks run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from collsvc import bench_protocol  # noqa: E402
+from collsvc.bench import protocol  # noqa: E402
 
 # One buffer set: (input, separate output), the output None where the call works in place.
 BufferSet = tuple[torch.Tensor, Any]
@@ -84,12 +84,12 @@ def main() -> int:
     itemsize = torch.empty(0, dtype=torch.float32).element_size()
     rows = []
     for nbytes in config["sizes"]:
-        shape = bench_protocol.layout(op, nbytes, n, itemsize)
+        shape = protocol.layout(op, nbytes, n, itemsize)
         buffers: list[BufferSet] = [
             (torch.ones(shape.in_count), torch.ones(shape.out_count) if shape.out_count else None)
-            for _ in range(bench_protocol.rotation_count(shape.set_bytes(itemsize)))
+            for _ in range(protocol.rotation_count(shape.set_bytes(itemsize)))
         ]
-        result = bench_protocol.measure(
+        result = protocol.measure(
             collective(op),
             buffers,
             barrier=dist.barrier,
@@ -97,7 +97,7 @@ def main() -> int:
             warmup=config["warmup"],
             iterations=config["iters"],
         )
-        rows.append(bench_protocol.result_row(op, n, shape, "float32", itemsize, len(buffers), result))
+        rows.append(protocol.result_row(op, n, shape, "float32", itemsize, len(buffers), result))
     if rank == 0:
         with open(config["result"], "w", encoding="utf-8") as handle:
             json.dump(rows, handle)

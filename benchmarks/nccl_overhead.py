@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collsvc.bench import parse_size  # noqa: E402
+from collsvc.bench.harness import parse_size  # noqa: E402
 
 
 def timed(fn, iters: int) -> float:  # type: ignore[no-untyped-def]

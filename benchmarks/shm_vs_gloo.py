@@ -1,6 +1,6 @@
 """all_reduce on one host: collsvc's shared-memory LocalGroup against torch.distributed's gloo.
 
-Spawns N rank processes per backend; both follow collsvc/bench_protocol.py (the protocol of
+Spawns N rank processes per backend; both follow collsvc/bench/protocol.py (the protocol of
 compare_gloo.py): each library's own barrier before every call, rotated buffers, an iteration's time
 is the slowest rank's. Prints p50 and p99 over the iterations and the bus bandwidth at p50,
 2 (n - 1) / n * bytes / time, per size. gloo runs with torch.set_num_threads(1).
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.bench_protocol import Measurement, layout, measure, rotation_count
+from collsvc.bench.protocol import Measurement, layout, measure, rotation_count
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

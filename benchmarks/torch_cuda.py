@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collsvc.bench import parse_size  # noqa: E402
+from collsvc.bench.harness import parse_size  # noqa: E402
 
 
 def _per_call(fn: Callable[[], object], iters: int) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collsvc.cli import main
+from collsvc.cli.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,5 +1,5 @@
-"""With ``collsvc/launcher_env.py`` (the launchers' own variables), the only module that reads environment
-variables.
+"""With ``collsvc/launcher_env.py`` (the launchers' own variables), the module that reads environment variables;
+the few reads elsewhere say why at the read, and ``tests/unit/test_env_reads.py`` lists them.
 
 ``collsvc.init`` accepts launcher environments as they are, first match wins:
 
@@ -197,6 +197,12 @@ def flight_recorder_keep(env: Mapping[str, str] | None = None) -> int:
     return keep
 
 
+def host_name(env: Mapping[str, str] | None = None) -> str:
+    """The host name that groups ranks into nodes: ``COLLSVC_HOST``, else this machine's name."""
+    env = os.environ if env is None else env
+    return env.get("COLLSVC_HOST") or socket.gethostname()
+
+
 def leave_on_sigterm(env: Mapping[str, str] | None = None) -> bool:
     """Whether SIGTERM should leave the job before the process dies (``COLLSVC_LEAVE_ON_SIGTERM=1``;
     ``collsvc run`` sets it for its ranks, which it stops with SIGTERM)."""
@@ -266,7 +272,7 @@ def resolve_init(
         timeout=float(timeout),
         token=read_token(token, env),
         job_id=job_id or env.get("COLLSVC_JOB_ID") or "default",
-        host=env.get("COLLSVC_HOST") or socket.gethostname(),
+        host=host_name(env),
         advertise_address=env.get("COLLSVC_ADVERTISE_ADDRESS") or None,
         tls=tls_from_env(env),
         heartbeat_interval=heartbeat,

@@ -34,7 +34,7 @@ from collsvc.errors import (
     CollsvcError,
     RankFailedError,
 )
-from collsvc.failure_report import install as install_failure_report
+from collsvc.observability.failure_report import install as install_failure_report
 from collsvc.observability.recorder import CallRecorder, Span
 from collsvc.options import InitOptions
 from collsvc.proto.v1 import common_pb2, coordinator_pb2

@@ -5,7 +5,7 @@
 ranks of its host in one JoinBatch call, fetches the member table once, and answers each rank with
 its JoinResponse and that table (or with the coordinator's error, which the rank raises as if its own
 call had failed). At scale this is what the coordinator's cost hangs on: gRPC's own cost per call is
-most of a Join. The launcher side is :mod:`collsvc._join_relay`.
+most of a Join. The launcher side is :mod:`collsvc.launch.join_relay`.
 
 The wire is in :mod:`collsvc.client.relay_wire`.
 """

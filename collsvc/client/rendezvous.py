@@ -151,7 +151,7 @@ class CoordinatorClient(CoordinatorChannels):
         Raises:
             the collsvc error the coordinator answered the launcher's batch with.
         """
-        relay = os.environ.get(RELAY_ENV)
+        relay = os.environ.get(RELAY_ENV)  # reads the environment itself: collsvc run wrote it for its ranks
         if not relay:
             return None
 

@@ -16,9 +16,9 @@ import os
 import secrets
 import signal
 
-from collsvc._launch_spec import LaunchSpec, rank_env
-from collsvc._rank_processes import RankProcess, Supervision, describe_exit
-from collsvc.launcher import EXIT_TIMEOUT, Launcher
+from collsvc.launch.launcher import EXIT_TIMEOUT, Launcher
+from collsvc.launch.rank_processes import RankProcess, Supervision, describe_exit
+from collsvc.launch.spec import LaunchSpec, rank_env
 
 JOIN_ENV = "COLLSVC_ELASTIC_JOIN"  # the same name collsvc.elastic.membership reads
 
@@ -38,7 +38,7 @@ def newcomer_env(job_id: str) -> dict[str, str]:
 
 
 class ElasticLauncher(Launcher):
-    """A :class:`~collsvc.launcher.Launcher` that keeps the job going when ranks fail.
+    """A :class:`~collsvc.launch.launcher.Launcher` that keeps the job going when ranks fail.
 
     ``--min-ranks`` defaults to every rank of this launcher when only ``--max-restarts`` is given: then
     a failure with no restart left stops the job, as without elastic supervision. Both count the ranks
@@ -72,6 +72,7 @@ class ElasticLauncher(Launcher):
         """
         self._restarts += 1
         local_rank = (failed.rank - self.spec.node_rank * self.spec.nproc) % self.spec.nproc
+        # reads the environment itself: a replacement's starts as a copy of the launcher's (rank_env)
         env = rank_env(os.environ, self.spec, self._coordinator, self._token, local_rank)
         env.update(newcomer_env(self.spec.job_id))
         ident = self.spec.nnodes * self.spec.nproc + len(self._labels)

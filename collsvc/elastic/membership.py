@@ -122,6 +122,8 @@ class Membership:
         """
         comm = default_communicator()
         options = comm.job.options
+        # Reads the environment itself: COLLSVC_ELASTIC_JOIN is written by the elastic launcher and rejoin for
+        # a newcomer; COLLSVC_ELASTIC_TIMEOUT through config.seconds_from would gain its range check.
         reform_timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_REFORM_TIMEOUT))
         joining = os.environ.get(JOIN_ENV)
         if joining:

@@ -63,14 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(USAGE)
         return 0 if args else 2
     try:
-        env, newcomer = environment_for(os.environ)
+        env, newcomer = environment_for(os.environ)  # the script's environment is a copy of this one
     except ValueError as exc:
         sys.stderr.write(f"collsvc.elastic.rejoin: {exc}\n")
         return 2
     except CollsvcError as exc:
         sys.stderr.write(f"collsvc.elastic.rejoin: cannot ask the coordinator: {type(exc).__name__}: {exc}\n")
         return 1
-    if newcomer and not os.environ.get(JOIN_ENV):
+    if newcomer and not os.environ.get(JOIN_ENV):  # reads the environment itself: the elastic launcher's own handshake
         sys.stderr.write(
             f"collsvc.elastic.rejoin: elastic job {env[JOIN_ENV]!r} already runs; "
             "joining it as a newcomer (admitted at the members' next state.commit())\n"

@@ -55,6 +55,7 @@ _stores_in_use: weakref.WeakKeyDictionary[Communicator, CoordinatorStore] = weak
 
 
 def _under_collsvc_launcher() -> bool:
+    # Reads the environment itself: which launcher's variables are set tells collsvc run from torchrun.
     return bool(os.environ.get("COLLSVC_COORDINATOR")) and not os.environ.get("MASTER_ADDR")
 
 
@@ -274,7 +275,7 @@ class WorldSession:
                     f"asks for rank {rank} of {size}"
                 )
             return cls(comm, store, None)
-        if os.environ.get("COLLSVC_COORDINATOR"):
+        if os.environ.get("COLLSVC_COORDINATOR"):  # reads the environment itself: only whether; init reads it
             return cls(collsvc.init(world_size=size, rank=rank, timeout=timeout), store, None)
         keys = _bootstrap_prefix()
         store.set(f"{keys}host/{rank}", socket.gethostname())

@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from collsvc._embedded_coordinator import EmbeddedCoordinator
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.config import thread_defaults
+from collsvc.launch.embedded_coordinator import EmbeddedCoordinator
 from collsvc.proto.v1 import common_pb2
 from tests.cli._util import NOWHERE, run_cli, script
 

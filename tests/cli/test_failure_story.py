@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from collsvc.failure_report import Report, at_fault
+from collsvc.observability.failure_report import Report, at_fault
 from tests.cli._util import run_cli, script
 
 STAYS_AWAY = """

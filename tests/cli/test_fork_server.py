@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from collsvc import _fork_server, _parent_watch
-from collsvc._fork_server import python_target, script_preloads
-from collsvc._forked_ranks import ForkServer
+from collsvc.launch import fork_server, parent_watch
+from collsvc.launch.fork_server import python_target, script_preloads
+from collsvc.launch.forked_ranks import ForkServer
 from tests.cli._util import HOST, NOWHERE, cli_env, gone, run_cli, script, start_cli, summary_lines
 
-pytestmark = pytest.mark.skipif(not _parent_watch.supported(), reason="the fork server is Linux only")
+pytestmark = pytest.mark.skipif(not parent_watch.supported(), reason="the fork server is Linux only")
 
 METHODS = ("fork-server", "spawn")
 
@@ -91,13 +91,13 @@ def test_the_server_loads_the_torch_modules_a_script_imports_at_its_top(tmp_path
     assert script_preloads([sys.executable, path]) == wrappers_import_dynamo
     assert script_preloads([sys.executable, "-m", "pkg"]) == []
     with pytest.MonkeyPatch.context() as patch:  # on a GPU host each rank loads torch itself
-        patch.setattr(_fork_server, "nvidia_gpu_present", lambda: True)
+        patch.setattr(fork_server, "nvidia_gpu_present", lambda: True)
         assert script_preloads([sys.executable, path]) == []
     assert script_preloads([sys.executable, str(tmp_path / "missing.py")]) == []
     assert script_preloads(["bash", path]) == []
 
 
-@pytest.mark.skipif(_fork_server.nvidia_gpu_present(), reason="on a GPU host each rank loads torch itself")
+@pytest.mark.skipif(fork_server.nvidia_gpu_present(), reason="on a GPU host each rank loads torch itself")
 def test_a_torch_script_finds_torch_loaded(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     path = script(

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import collsvc as collsvc_pkg
-from collsvc._launch_spec import LaunchSpec, rank_env
-from collsvc._rank_processes import describe_exit
+from collsvc.launch.rank_processes import describe_exit
+from collsvc.launch.spec import LaunchSpec, rank_env
 from tests.cli._util import HOST, NOWHERE, gone, run_cli, script, start_cli, summary_lines
 
 BLOCK_FOREVER = "import threading; threading.Event().wait()"

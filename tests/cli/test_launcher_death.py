@@ -19,13 +19,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from collsvc import _parent_watch
+from collsvc.launch import parent_watch
 from collsvc.proto.v1 import coordinator_pb2 as pb
 from collsvc.proto.v1 import coordinator_pb2_grpc
 from tests.cli._util import NOWHERE, cli_env, gone, script
 from tests.harness import TOKEN, coordinator
 
-pytestmark = pytest.mark.skipif(not _parent_watch.supported(), reason="parent-death signal is Linux only")
+pytestmark = pytest.mark.skipif(not parent_watch.supported(), reason="parent-death signal is Linux only")
 
 # Generous for a loaded 2-core machine; the kernel signals the ranks as the launcher exits.
 GONE_WITHIN = 3.0
@@ -131,7 +131,7 @@ def test_a_rank_whose_launcher_died_before_it_started_does_not_run(tmp_path: Pat
     """The launcher may die between fork and prctl; the rank must then die rather than run orphaned."""
     marker = tmp_path / "ran"
     not_my_parent = os.getpid()  # the child's parent is the test itself, never this "launcher" pid...
-    command = _parent_watch.wrap_command(
+    command = parent_watch.wrap_command(
         [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"], launcher_pid=not_my_parent + 1_000_000
     )
     # ...so it takes itself for orphaned: it kills itself before running the command.
@@ -139,13 +139,13 @@ def test_a_rank_whose_launcher_died_before_it_started_does_not_run(tmp_path: Pat
     assert result.returncode == -signal.SIGKILL, result.stderr
     assert not marker.exists()
     # With the right launcher pid the same command runs normally.
-    ok = subprocess.run(_parent_watch.wrap_command(command[6:], os.getpid()), timeout=30, capture_output=True)
+    ok = subprocess.run(parent_watch.wrap_command(command[6:], os.getpid()), timeout=30, capture_output=True)
     assert ok.returncode == 0, ok.stderr
     assert marker.exists()
 
 
 def test_usage_errors_of_the_wrapper() -> None:
-    wrapper = _parent_watch.wrap_command(["true"], os.getpid())[:4]
+    wrapper = parent_watch.wrap_command(["true"], os.getpid())[:4]
     result = subprocess.run([*wrapper, "not-a-pid", "--", "true"], timeout=30, capture_output=True)
     assert result.returncode == 2
     assert b"usage" in result.stderr

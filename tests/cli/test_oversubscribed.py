@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collsvc.launcher import RANKS_PER_CORE_AT_DEFAULT_PACE, embedded_pace, usable_cores
+from collsvc.launch.launcher import RANKS_PER_CORE_AT_DEFAULT_PACE, embedded_pace, usable_cores
 from tests.cli._util import run_cli
 
 BARRIERS = """

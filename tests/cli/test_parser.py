@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from collsvc import cli
-from collsvc._cli_remote import format_status, status_to_dict
+from collsvc.cli import main as cli
+from collsvc.cli.remote import format_status, status_to_dict
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
 
 
@@ -21,7 +21,7 @@ def test_run_passes_everything_after_the_script_through() -> None:
 
 
 def test_bench_arguments_reach_collsvc_bench(monkeypatch: pytest.MonkeyPatch) -> None:
-    import collsvc.bench
+    import collsvc.bench.harness
 
     seen: list[argparse.Namespace] = []
 
@@ -29,7 +29,7 @@ def test_bench_arguments_reach_collsvc_bench(monkeypatch: pytest.MonkeyPatch) ->
         seen.append(args)
         return 7
 
-    monkeypatch.setattr(collsvc.bench, "main", fake_main)
+    monkeypatch.setattr(collsvc.bench.harness, "main", fake_main)
     assert cli.main(["bench", "-n", "3", "--sizes", "1K:4K", "--json", "--check", "--plot", "p.png"]) == 7
     (args,) = seen
     assert (args.n, args.op, args.sizes, args.dtype, args.device, args.backend) == (

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from collsvc._join_relay import MAX_BATCH, JoinRelay
 from collsvc.client.relay_wire import RELAY_ENV
 from collsvc.client.rendezvous import CoordinatorClient
 from collsvc.errors import RendezvousError
+from collsvc.launch.join_relay import MAX_BATCH, JoinRelay
 from collsvc.options import Limits
 from collsvc.proto.v1 import common_pb2
 

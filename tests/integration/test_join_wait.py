@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from collsvc import _cli_remote
+from collsvc.cli import remote
 from collsvc.client import rendezvous
 from collsvc.client.join_report import describe_not_joined, not_joined
 from collsvc.client.rendezvous import CoordinatorClient
@@ -66,7 +66,7 @@ def test_status_names_the_ranks_that_have_not_joined(start_coordinator: Callable
     try:
         text = ""
         for _ in range(100):  # bounded: until the join is registered
-            text = _cli_remote.format_status(_cli_remote.status_to_dict(client("GetStatus", pb.GetStatusRequest())))
+            text = remote.format_status(remote.status_to_dict(client("GetStatus", pb.GetStatusRequest())))
             if "k8s-job" in text:
                 break
             threading.Event().wait(0.05)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from collsvc import _parent_watch
+from collsvc.launch import parent_watch
 from tests.cli._util import REPO, cli_env, run_cli, summary_lines
 
-pytestmark = pytest.mark.skipif(not _parent_watch.supported(), reason="collsvc run's ranks: Linux only")
+pytestmark = pytest.mark.skipif(not parent_watch.supported(), reason="collsvc run's ranks: Linux only")
 torch = pytest.importorskip("torch")
 
 SCRIPT = str(Path(__file__).with_name("fork_children.py"))

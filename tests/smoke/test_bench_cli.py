@@ -4,7 +4,7 @@
 result passes ``--check``, and the rows carry the shared protocol's p50 and p99. Three ranks, so
 blocked collectives get sizes that are not powers of two. About 2-4 s per run on a 2-core machine.
 
-The wait for rank processes (collsvc/_rank_processes.py, which compare_gloo.py uses for gloo's ranks)
+The wait for rank processes (collsvc/launch/rank_processes.py, which compare_gloo.py uses for gloo's ranks)
 reports the first failed rank at once, while its peers still wait (gloo's own peers would wait for
 gloo's timeout).
 """
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from collsvc import _rank_processes
-from collsvc.bench_protocol import COLLECTIVES, layout
+from collsvc.bench.protocol import COLLECTIVES, layout
+from collsvc.launch import rank_processes
 from tests.cli._util import run_cli
 
 RUN_TIMEOUT = 120.0
@@ -50,7 +50,7 @@ def test_bench_table_shows_p50_and_p99() -> None:
 
 
 def test_bench_on_cuda_without_a_gpu_says_so_before_starting_ranks() -> None:
-    from collsvc.bench import cuda_unavailable
+    from collsvc.bench.harness import cuda_unavailable
 
     if cuda_unavailable() is None:
         pytest.skip("this machine has a GPU CuPy can use")
@@ -71,7 +71,7 @@ def test_waiting_for_ranks_reports_the_failed_one_while_its_peer_still_waits() -
     started = time.monotonic()
     try:
         with pytest.raises(RuntimeError, match="gloo rank 1 exited 3: gloo error: boom"):
-            _rank_processes.wait_ranks(procs, 60.0, label="gloo rank")
+            rank_processes.wait_ranks(procs, 60.0, label="gloo rank")
         assert time.monotonic() - started < 30.0  # not the 60 s timeout
         assert procs[0].poll() is None
     finally:
@@ -90,7 +90,7 @@ def test_waiting_for_ranks_times_out_naming_who_is_left() -> None:
     )
     try:
         with pytest.raises(TimeoutError, match=r"gloo ranks \[0\] still running"):
-            _rank_processes.wait_ranks([proc], 0.5, label="gloo rank")
+            rank_processes.wait_ranks([proc], 0.5, label="gloo rank")
     finally:
         proc.kill()
         proc.communicate()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from collsvc.bench_protocol import Measurement, layout, median_of_repeats, result_row
+from collsvc.bench.protocol import Measurement, layout, median_of_repeats, result_row
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The benchmarks' shared timing protocol (collsvc/bench_protocol.py): its pure parts, and its loop
+"""The benchmarks' shared timing protocol (collsvc/bench/protocol.py): its pure parts, and its loop
 driven by a scripted clock on one rank whose peer's times are given."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from collsvc import bench_protocol
-from collsvc.bench_protocol import (
+from collsvc.bench import protocol
+from collsvc.bench.protocol import (
     CACHE_BYTES,
     COLLECTIVES,
     MAX_BUFFERS,
@@ -83,12 +83,12 @@ def test_per_rank_lists_must_agree(reduce: Callable[[list[list[float]]], list[fl
 
 
 def test_layout_follows_nccl_tests_sizes() -> None:
-    assert layout("all_reduce", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=1024, out_count=0)
-    assert layout("all_gather", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=256, out_count=1024)
-    assert layout("reduce_scatter", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=1024, out_count=256)
-    assert layout("all_to_all", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=1024, out_count=1024)
-    assert layout("gather", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=256, out_count=1024)
-    assert layout("scatter", 4096, 4, 4) == bench_protocol.Layout(count=1024, in_count=1024, out_count=256)
+    assert layout("all_reduce", 4096, 4, 4) == protocol.Layout(count=1024, in_count=1024, out_count=0)
+    assert layout("all_gather", 4096, 4, 4) == protocol.Layout(count=1024, in_count=256, out_count=1024)
+    assert layout("reduce_scatter", 4096, 4, 4) == protocol.Layout(count=1024, in_count=1024, out_count=256)
+    assert layout("all_to_all", 4096, 4, 4) == protocol.Layout(count=1024, in_count=1024, out_count=1024)
+    assert layout("gather", 4096, 4, 4) == protocol.Layout(count=1024, in_count=256, out_count=1024)
+    assert layout("scatter", 4096, 4, 4) == protocol.Layout(count=1024, in_count=1024, out_count=256)
     assert layout("broadcast", 4096, 4, 4).in_place and layout("reduce", 4096, 4, 4).in_place
 
 

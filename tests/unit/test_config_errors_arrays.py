@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
 from collsvc import errors
 from collsvc.arrays import adapt, check_out_shape, from_host, is_writable, write_into
-from collsvc.config import resolve_init
+from collsvc.config import host_name, resolve_init
+from collsvc.launch.launcher import Launcher
+from collsvc.launch.spec import LaunchSpec
 from collsvc.types import BFLOAT16, ReduceOp, check_op_dtype
 
 
@@ -59,6 +63,16 @@ def test_ours_win_over_torchrun_and_mpi() -> None:
 def test_launcher_families(env: dict[str, str], expected: tuple[object, ...]) -> None:
     o = resolve(env)
     assert (o.coordinator, o.world_size, o.rank) == expected
+
+
+def test_ranks_and_the_launcher_tell_the_host_by_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert host_name({"COLLSVC_HOST": "h1"}) == "h1"
+    assert host_name({"COLLSVC_HOST": ""}) == host_name({}) == socket.gethostname()
+    assert resolve({"COLLSVC_COORDINATOR": "c:1", "COLLSVC_WORLD_SIZE": "1", "COLLSVC_HOST": "h1"}).host == "h1"
+    monkeypatch.setenv("COLLSVC_HOST", "h2")
+    spec = LaunchSpec(command=["train.py"], nproc=1)
+    assert Launcher(spec).host == "h2"
+    assert Launcher(spec, host="given").host == "given"
 
 
 def test_missing_coordinator_names_the_variables() -> None:

@@ -38,8 +38,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("arrays", ("collsvc.arrays",)),
-    # failure_report is installed by client/job in every rank and read by the launcher.
-    ("observability", ("collsvc.observability", "collsvc.failure_report")),
+    # with failure_report, which client/job installs in every rank and the launcher reads
+    ("observability", ("collsvc.observability",)),
     ("server state", ("collsvc.server.state",)),
     ("server services", ("collsvc.server.services", "collsvc.server.interceptors", "collsvc.server.request_limits")),
     ("server app", ("collsvc.server",)),  # app, metrics
@@ -86,26 +86,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("elastic", ("collsvc.elastic",)),  # the rank side: State, run, membership
     ("package", ("collsvc",)),  # collsvc/__init__.py: the public names, loaded lazily
     ("torch", ("collsvc.torch",)),
-    (
-        "launcher",
-        (
-            "collsvc.launcher",
-            "collsvc._rank_processes",
-            "collsvc._embedded_coordinator",
-            "collsvc._join_relay",
-            "collsvc._join_batch",
-            "collsvc._parent_watch",
-            "collsvc._fork_server",
-            "collsvc._forked_ranks",
-            "collsvc._launch_spec",
-            "collsvc._output",
-            "collsvc.bench",
-            "collsvc.bench_protocol",
-            "collsvc._bench_worker",
-        ),
-    ),
+    # collsvc run: the supervision loop, the embedded coordinator, the join relay, the fork server
+    ("launch", ("collsvc.launch",)),
     ("elastic launcher", ("collsvc.elastic.launch", "collsvc.elastic.rejoin")),
-    ("cli", ("collsvc.cli", "collsvc._cli_observe", "collsvc._cli_remote", "collsvc._cli_common", "collsvc.__main__")),
+    # collsvc bench: its ranks run the public API; the parent starts them as the launcher does
+    ("bench", ("collsvc.bench",)),
+    ("cli", ("collsvc.cli", "collsvc.__main__")),
     # the seeds' own APIs over the public one (see COMPAT_IMPORTS below)
     ("compat", ("collsvc.compat",)),
 )
@@ -400,6 +386,10 @@ def test_layer_rules_pick_the_longest_match() -> None:
     assert layer_of("collsvc.elastic.launch")[1] == "elastic launcher"
     assert layer_of("collsvc.elastic.membership")[1] == "elastic"
     assert layer_of("collsvc")[1] == "package"
+    assert layer_of("collsvc.launch.fork_server")[1] == "launch"
+    assert layer_of("collsvc.bench.worker")[1] == "bench"
+    assert layer_of("collsvc.cli.remote")[1] == "cli"
+    assert layer_of("collsvc.observability.failure_report")[1] == "observability"
 
 
 # The compat faces translate the seeds' APIs onto the public one: they may import the package itself

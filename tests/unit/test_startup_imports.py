@@ -59,8 +59,8 @@ def test_the_launcher_starts_ranks_before_loading_grpc_protobuf_or_numpy() -> No
     # Everything `collsvc run` imports before it starts the ranks: the CLI with its parser, the launcher
     # and, for --min-ranks/--max-restarts, the elastic launcher.
     modules = loaded_after(
-        "import collsvc.cli\ncollsvc.cli.build_parser().parse_args(['run', '-n', '2', 'x.py'])\n"
-        "import collsvc.launcher, collsvc.elastic.launch"
+        "import collsvc.cli.main\ncollsvc.cli.main.build_parser().parse_args(['run', '-n', '2', 'x.py'])\n"
+        "import collsvc.launch.launcher, collsvc.elastic.launch"
     )
     assert under(modules, HEAVY) == []
     assert under(modules, SERVER_SIDE) == []
@@ -70,7 +70,7 @@ def test_the_coordinator_loads_no_numpy() -> None:
     # The embedded coordinator starts in the launcher while the ranks import numpy themselves: the
     # server side and everything the launcher runs beside it (the join relay) must not load it too.
     modules = loaded_after(
-        "import collsvc.server.app, collsvc.options, collsvc._embedded_coordinator, collsvc._join_relay"
+        "import collsvc.server.app, collsvc.options, collsvc.launch.embedded_coordinator, collsvc.launch.join_relay"
     )
     assert under(modules, ("numpy", "ml_dtypes")) == []
     assert "collsvc.server.app" in modules  # sanity

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from collsvc._launch_spec import LaunchSpec, rank_env
 from collsvc.config import thread_defaults
+from collsvc.launch.spec import LaunchSpec, rank_env
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

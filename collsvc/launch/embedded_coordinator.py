@@ -33,7 +33,7 @@ class EmbeddedCoordinator:
         token: the job token every call must carry.
         on_failure: called on the starting thread when the coordinator cannot start, to stop the
             ranks that wait for it.
-        heartbeat_interval, heartbeat_timeout: its heartbeat pace (see :func:`collsvc.launcher.embedded_pace`).
+        heartbeat_interval, heartbeat_timeout: its heartbeat pace (see :func:`collsvc.launch.launcher.embedded_pace`).
     """
 
     def __init__(

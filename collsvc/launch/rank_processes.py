@@ -1,6 +1,6 @@
 """Rank processes seen from the process that starts them: how one ended, and waiting for all of them.
 
-``collsvc run`` (collsvc/launcher.py, collsvc/elastic/launch.py) supervises its ranks with
+``collsvc run`` (collsvc/launch/launcher.py, collsvc/elastic/launch.py) supervises its ranks with
 :class:`Supervision`; the benchmarks (``collsvc bench``, benchmarks/compare_gloo.py) start N ranks and
 wait for them with :func:`run_ranks`. Standard library only: ``collsvc run`` imports this module
 before it starts its ranks.
@@ -17,10 +17,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from collsvc._output import LinePump
+from collsvc.launch.output import LinePump
 
 if TYPE_CHECKING:
-    from collsvc._forked_ranks import ForkedProcess
+    from collsvc.launch.forked_ranks import ForkedProcess
 
 _STDERR_TAIL_BYTES = 4000  # of a failed rank's stderr, in its error
 

@@ -1,9 +1,9 @@
 """``collsvc bench``: an nccl-tests style table for one collective over a range of sizes.
 
-The parent starts an embedded coordinator and N rank processes (``python -m collsvc._bench_worker``,
-through collsvc/_rank_processes.py, as benchmarks/compare_gloo.py starts gloo's ranks); rank 0 writes
+The parent starts an embedded coordinator and N rank processes (``python -m collsvc.bench.worker``,
+through collsvc/launch/rank_processes.py, as benchmarks/compare_gloo.py starts gloo's ranks); rank 0 writes
 the measurements as one JSON line on its stdout, which the parent turns into the table. Every size follows the
-protocol of collsvc/bench_protocol.py, the one the gloo comparison (benchmarks/compare_gloo.py) uses
+protocol of collsvc/bench/protocol.py, the one the gloo comparison (benchmarks/compare_gloo.py) uses
 for both libraries: a barrier before each call, an iteration's time is the slowest rank's, p50 and p99
 over ``--iters`` iterations, 2 to 8 distinct buffer sets in rotation (all_reduce, broadcast and reduce
 in place). algbw = bytes / p50; busbw = algbw x the nccl-tests factor (all_reduce 2(n-1)/n;
@@ -19,8 +19,8 @@ import secrets
 import sys
 from typing import Any
 
-from collsvc._rank_processes import run_ranks
-from collsvc.bench_protocol import COLLECTIVES
+from collsvc.bench.protocol import COLLECTIVES
+from collsvc.launch.rank_processes import run_ranks
 
 OPS = COLLECTIVES
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -90,7 +90,7 @@ def run_bench(
         "check": check,
         "progress": progress,
     }
-    job_env = dict(
+    job_env = dict(  # reads the environment itself: the ranks' starts as a copy of this process's
         os.environ,
         COLLSVC_COORDINATOR=f"127.0.0.1:{port}",
         COLLSVC_WORLD_SIZE=str(n),
@@ -100,7 +100,7 @@ def run_bench(
     )
     envs = [dict(job_env, COLLSVC_RANK=str(rank), COLLSVC_LOCAL_RANK=str(rank)) for rank in range(n)]
     try:
-        stdout = run_ranks([sys.executable, "-m", "collsvc._bench_worker"], envs, timeout)
+        stdout = run_ranks([sys.executable, "-m", "collsvc.bench.worker"], envs, timeout)
     except RuntimeError as exc:
         raise RuntimeError(f"benchmark failed: {exc}") from exc
     finally:
@@ -108,7 +108,7 @@ def run_bench(
     lines = stdout.splitlines()
     if not lines:
         raise RuntimeError("benchmark failed: rank 0 exited 0 without writing its rows")
-    rows: list[dict[str, Any]] = json.loads(lines[-1])  # rank 0's last line (collsvc/_bench_worker.py)
+    rows: list[dict[str, Any]] = json.loads(lines[-1])  # rank 0's last line (collsvc/bench/worker.py)
     return rows
 
 
@@ -166,7 +166,7 @@ def cuda_unavailable() -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Entry point of ``collsvc bench`` (arguments parsed by collsvc.cli)."""
+    """Entry point of ``collsvc bench`` (arguments parsed by collsvc.cli.main)."""
     if args.op not in OPS:
         print(f"collsvc bench: --op must be one of {', '.join(OPS)}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ the relay speaks to the coordinator with the job's token, which a rank of this l
 
 The launcher starts the relay before its ranks, and ranks start faster while it has not loaded gRPC
 or protobuf yet: this module loads neither; the first request parsed and the first batch sent
-(``collsvc._join_batch``) do.
+(``collsvc.launch.join_batch``) do.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collsvc.client.relay_wire import RELAY_ENV, RelayClosed, receive_frame, sen
 from collsvc.config import tls_from_env
 
 if TYPE_CHECKING:
-    from collsvc._join_batch import BatchSender
+    from collsvc.launch.join_batch import BatchSender
     from collsvc.options import TlsFiles
     from collsvc.proto.v1.coordinator_pb2 import JoinRequest
 
@@ -193,7 +193,7 @@ class JoinRelay:
 
     def _batch_sender(self) -> BatchSender:
         """The gRPC side, loaded with the first request: the ranks are started by then (see module doc)."""
-        from collsvc._join_batch import BatchSender
+        from collsvc.launch.join_batch import BatchSender
 
         with self._lock:
             if self._sender is None:

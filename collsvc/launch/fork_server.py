@@ -1,12 +1,12 @@
 """The fork server: one process that loads what a rank loads, then forks every rank from itself.
 
-``collsvc run`` starts a Python script's ranks through it (collsvc/_forked_ranks.py is the launcher's
+``collsvc run`` starts a Python script's ranks through it (collsvc/launch/forked_ranks.py is the launcher's
 side). Four fresh interpreters on two cores spend ~0.4 s starting and importing numpy, gRPC and collsvc
 before their scripts run; one interpreter that imports them once and forks four times spends ~0.35 s in
 all, and each forked rank starts its script within milliseconds. The launcher starts it through
-``collsvc/_parent_watch.py``, so it dies with the launcher::
+``collsvc/launch/parent_watch.py``, so it dies with the launcher::
 
-    python -m collsvc._fork_server SOCKET_FD [MODULE ...]
+    python -m collsvc.launch.fork_server SOCKET_FD [MODULE ...]
 
 Besides :data:`PRELOADED` it loads the MODULEs the launcher names: the torch modules a script imports at
 its top (:func:`script_preloads`), ~2 s of CPU per rank otherwise.
@@ -188,7 +188,7 @@ def _signal_group(pid: int, signum: int) -> None:
 
 def _become_rank(request: dict[str, Any], server_pid: int) -> None:
     """Sets a forked process up as a fresh interpreter running ``request["command"]`` would be."""
-    from collsvc._parent_watch import set_parent_death_signal
+    from collsvc.launch.parent_watch import set_parent_death_signal
 
     os.setsid()  # its own process group: stopping the rank stops what it started
     set_parent_death_signal(signal.SIGKILL)
@@ -290,7 +290,7 @@ def main(argv: Sequence[str]) -> None:
     """Loads :data:`PRELOADED` and the modules ``argv[1:]``, then serves the launcher on the socket whose
     fd is ``argv[0]``."""
     if not argv or not argv[0].isdigit():
-        print("usage: _fork_server.py SOCKET_FD [MODULE ...]", file=sys.stderr)
+        print("usage: fork_server.py SOCKET_FD [MODULE ...]", file=sys.stderr)
         sys.exit(_EXIT_USAGE)
     channel = socket.socket(fileno=int(argv[0]))
     before = set(os.listdir("/proc/self/fd"))

@@ -16,14 +16,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from collsvc._cli_common import (
+from collsvc.bench.protocol import COLLECTIVES
+from collsvc.cli.common import (
     DEFAULT_COORDINATOR,
     EXIT_USAGE,
     UsageError,
     read_token_file,
 )
-from collsvc._launch_spec import FORK_SERVER, START_METHODS
-from collsvc.bench_protocol import COLLECTIVES
+from collsvc.launch.spec import FORK_SERVER, START_METHODS
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_args(status)
     status.add_argument("--job", default="", help="only this job (default: every job)")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    from collsvc._cli_observe import add_parsers, add_status_watch_args
+    from collsvc.cli.observe import add_parsers, add_status_watch_args
 
     add_status_watch_args(status)
 
@@ -260,8 +260,8 @@ def _setup_logging(level: str) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from collsvc._launch_spec import LaunchSpec
-    from collsvc.launcher import launch
+    from collsvc.launch.launcher import launch
+    from collsvc.launch.spec import LaunchSpec
 
     target: list[str] = list(args.target)
     if target and target[0] == "--":
@@ -320,28 +320,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args)
         if args.command == "coordinator":
-            from collsvc._cli_remote import coordinator_command
+            from collsvc.cli.remote import coordinator_command
 
             return coordinator_command(args)
         if args.command == "status" and getattr(args, "watch", False):
-            from collsvc._cli_observe import watch_status
+            from collsvc.cli.observe import watch_status
 
             return watch_status(args)
         if args.command == "status":
-            from collsvc._cli_remote import status_command
+            from collsvc.cli.remote import status_command
 
             return status_command(args)
         if args.command in ("diagnose", "timeline"):
-            from collsvc._cli_observe import diagnose_command, timeline_command
+            from collsvc.cli.observe import diagnose_command, timeline_command
 
             return diagnose_command(args) if args.command == "diagnose" else timeline_command(args)
         if args.command == "health":
-            from collsvc._cli_remote import health_command
+            from collsvc.cli.remote import health_command
 
             return health_command(args)
-        import collsvc.bench
+        import collsvc.bench.harness
 
-        return collsvc.bench.main(args)
+        return collsvc.bench.harness.main(args)
     except UsageError as exc:
         print(f"collsvc {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

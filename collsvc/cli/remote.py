@@ -1,6 +1,6 @@
 """``collsvc coordinator``, ``collsvc status`` and ``collsvc health``: the subcommands that talk gRPC.
 
-Kept apart from :mod:`collsvc.cli` so that ``collsvc run`` never pays for these imports.
+Kept apart from :mod:`collsvc.cli.main` so that ``collsvc run`` never pays for these imports.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from collsvc import config, launcher_env
-from collsvc._cli_common import DEFAULT_COORDINATOR, EXIT_FAILURE, EXIT_OK, UsageError, read_token_file
+from collsvc.cli.common import DEFAULT_COORDINATOR, EXIT_FAILURE, EXIT_OK, UsageError, read_token_file
 from collsvc.client.join_report import describe_not_joined, ranks_text
 from collsvc.options import CoordinatorOptions, TlsFiles
 
@@ -154,11 +154,13 @@ def coordinator_command(args: argparse.Namespace) -> int:
 # -- status and health -----------------------------------------------------------------------------
 
 
-def _target(args: argparse.Namespace) -> str:
+def coordinator_target(args: argparse.Namespace) -> str:
+    """The coordinator a subcommand talks to: ``--coordinator``, else the environment, else the default."""
     return str(args.coordinator or launcher_env.coordinator_from_env(os.environ) or DEFAULT_COORDINATOR)
 
 
-def _channel(args: argparse.Namespace, target: str) -> grpc.Channel:
+def open_channel(args: argparse.Namespace, target: str) -> grpc.Channel:
+    """A channel to ``target``, with TLS when the arguments name certificates (shared with ``observe``)."""
     tls = _tls_from_args(args)
     if tls is None:
         return grpc.insecure_channel(target)
@@ -171,12 +173,14 @@ def _channel(args: argparse.Namespace, target: str) -> grpc.Channel:
     return grpc.secure_channel(target, creds, options=options)
 
 
-def _metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
+def call_metadata(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The authorization metadata of each call (empty without a token)."""
     token = read_token_file(args.token_file)
     return [("authorization", f"Bearer {token}")] if token else []
 
 
-def _rpc_failure(command: str, target: str, exc: grpc.RpcError) -> int:
+def rpc_failure(command: str, target: str, exc: grpc.RpcError) -> int:
+    """Says on stderr why ``command`` failed at ``target`` and returns the exit code."""
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
     if code == grpc.StatusCode.UNAVAILABLE:
@@ -293,16 +297,16 @@ def status_command(args: argparse.Namespace) -> int:
     """
     from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-    target = _target(args)
-    metadata = _metadata(args)
-    with _channel(args, target) as channel:
+    target = coordinator_target(args)
+    metadata = call_metadata(args)
+    with open_channel(args, target) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             response = stub.GetStatus(
                 coordinator_pb2.GetStatusRequest(job_id=args.job), timeout=args.timeout, metadata=metadata
             )
         except grpc.RpcError as exc:
-            return _rpc_failure("status", target, exc)
+            return rpc_failure("status", target, exc)
     data = status_to_dict(response)
     print(json.dumps(data, indent=2) if args.json else format_status(data))
     return EXIT_OK
@@ -319,9 +323,9 @@ def health_command(args: argparse.Namespace) -> int:
     """
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    target = _target(args)
-    metadata = _metadata(args)
-    with _channel(args, target) as channel:
+    target = coordinator_target(args)
+    metadata = call_metadata(args)
+    with open_channel(args, target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             response = stub.Check(
@@ -331,7 +335,7 @@ def health_command(args: argparse.Namespace) -> int:
             if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.NOT_FOUND:
                 print(f"collsvc health: {target} has no service {args.service!r}", file=sys.stderr)
                 return EXIT_FAILURE
-            return _rpc_failure("health", target, exc)
+            return rpc_failure("health", target, exc)
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     print(name)
     return EXIT_OK if response.status == health_pb2.HealthCheckResponse.SERVING else EXIT_FAILURE

@@ -1,6 +1,6 @@
 """One rank of ``collsvc bench`` (configured through the COLLSVC_BENCH environment variable).
 
-Every size is measured with collsvc/bench_protocol.py, the protocol torch gloo's ranks use too in
+Every size is measured with collsvc/bench/protocol.py, the protocol torch gloo's ranks use too in
 benchmarks/compare_gloo.py; rank 0 writes the rows as one JSON line on its stdout.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import collsvc
-from collsvc import bench_protocol
+from collsvc.bench import protocol
 from collsvc.types import numpy_dtype
 
 
@@ -59,7 +59,7 @@ def _send_or_recv(comm: collsvc.Communicator) -> Callable[[BufferSet], object]:
     return lambda bufs: None
 
 
-def _check(comm: collsvc.Communicator, op: str, shape: bench_protocol.Layout, xp: Any, dtype: Any) -> None:
+def _check(comm: collsvc.Communicator, op: str, shape: protocol.Layout, xp: Any, dtype: Any) -> None:
     """One more call of ``op`` on inputs filled with rank + 1, compared with the expected result.
 
     Raises:
@@ -121,10 +121,10 @@ def _measure_size(
         ResultCheckError: ``check`` is on and a result is wrong.
     """
     n, op = comm.size, config["op"]
-    shape = bench_protocol.layout(op, nbytes, n, dtype.itemsize)
+    shape = protocol.layout(op, nbytes, n, dtype.itemsize)
     buffers: list[BufferSet] = [
         (xp.ones(shape.in_count, dtype=dtype), xp.ones(shape.out_count, dtype=dtype) if shape.out_count else None)
-        for _ in range(bench_protocol.rotation_count(shape.set_bytes(dtype.itemsize)))
+        for _ in range(protocol.rotation_count(shape.set_bytes(dtype.itemsize)))
     ]
     run = _collective(comm, op)
     if config["device"] == "cuda":
@@ -134,17 +134,18 @@ def _measure_size(
         every: list[list[float]] = comm.all_gather(np.asarray(values, dtype=np.float64)).reshape(n, -1).tolist()
         return every
 
-    result = bench_protocol.measure(
+    result = protocol.measure(
         run, buffers, barrier=comm.barrier, gather=gather, warmup=config["warmup"], iterations=config["iters"]
     )
     if config["check"]:
         _check(comm, op, shape, xp, dtype)
-    row = bench_protocol.result_row(op, n, shape, config["dtype"], dtype.itemsize, len(buffers), result)
+    row = protocol.result_row(op, n, shape, config["dtype"], dtype.itemsize, len(buffers), result)
     row["backend"] = comm.backend
     return row
 
 
 def main() -> int:
+    # Reads the environment itself: COLLSVC_BENCH and COLLSVC_BACKEND are what `collsvc bench` wrote for it.
     config = json.loads(os.environ["COLLSVC_BENCH"])
     try:
         comm = collsvc.init(backend=os.environ.get("COLLSVC_BACKEND", "auto"))
@@ -174,7 +175,7 @@ def main() -> int:
     if comm.rank == 0:
         if config["progress"]:
             print(file=sys.stderr)
-        print(json.dumps(rows), flush=True)  # the last line of rank 0's stdout: what collsvc.bench reads
+        print(json.dumps(rows), flush=True)  # the last line of rank 0's stdout: what collsvc.bench.harness reads
     return 0
 
 

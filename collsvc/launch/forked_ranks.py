@@ -1,4 +1,4 @@
-"""Ranks forked by the fork server, seen from ``collsvc run`` (collsvc/_fork_server.py is the server).
+"""Ranks forked by the fork server, seen from ``collsvc run`` (collsvc/launch/fork_server.py is the server).
 
 :class:`ForkServer` starts the server process and asks it for ranks; each :class:`ForkedProcess`
 answers what the launcher asks of a ``subprocess.Popen`` (``wait``, ``returncode``, its
@@ -20,10 +20,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from collsvc._fork_server import python_target
-from collsvc._parent_watch import supported, wrap_command
+from collsvc.launch.fork_server import python_target
+from collsvc.launch.parent_watch import supported, wrap_command
 
-_SERVER_MODULE = "collsvc._fork_server"
+_SERVER_MODULE = "collsvc.launch.fork_server"
 _CLOSE_WAIT = 5.0  # seconds for the server to exit once its ranks have; then it is killed
 _GONE_WAIT = 5.0  # seconds for ranks of a dead server to die of their parent-death signal
 _MAX_REPLY = 1 << 16
@@ -70,7 +70,7 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """The launcher's side of one fork server (collsvc/_fork_server.py).
+    """The launcher's side of one fork server (collsvc/launch/fork_server.py).
 
     Args:
         env: the server's environment (a rank's: what the ranks import depends on it).

@@ -9,10 +9,11 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
+import collsvc
 from collsvc.config import thread_defaults
 
 # How `collsvc run` starts a Python script's ranks (--start-method).
-FORK_SERVER = "fork-server"  # forked from one process that loaded what they load: collsvc/_fork_server.py
+FORK_SERVER = "fork-server"  # forked from one process that loaded what they load: collsvc/launch/fork_server.py
 SPAWN = "spawn"  # a fresh interpreter each
 START_METHODS = (FORK_SERVER, SPAWN)
 
@@ -34,7 +35,7 @@ class LaunchSpec:
         min_ranks: elastic: failed ranks do not stop the job while this many remain (None: not elastic).
         max_restarts: elastic: replacements started for failed ranks, in total.
         start_method: ``"fork-server"`` (a Python command's ranks fork from one process that loaded
-            numpy, gRPC and collsvc once: collsvc/_fork_server.py) or ``"spawn"`` (a fresh process each).
+            numpy, gRPC and collsvc once: collsvc/launch/fork_server.py) or ``"spawn"`` (a fresh process each).
     """
 
     command: Sequence[str]
@@ -100,7 +101,7 @@ def rank_env(
         env.pop("COLLSVC_TOKEN", None)
     # Ranks must import the launcher's collsvc, also from a source tree only on the launcher's path
     # (python -m collsvc in a checkout); never for site-packages, which would precede the standard library.
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(collsvc.__file__)))
     if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
         parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if package_parent not in parts:

@@ -3,7 +3,7 @@
 ``collsvc run`` starts every rank through this file, run by path so that nothing but the standard
 library is imported::
 
-    python -I -S .../collsvc/_parent_watch.py LAUNCHER_PID -- python train.py ...
+    python -I -S .../collsvc/launch/parent_watch.py LAUNCHER_PID -- python train.py ...
 
 It asks Linux to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``), checks that
 the parent is still the launcher (it may have died before the request took effect), and then replaces
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_USAGE = "usage: _parent_watch.py LAUNCHER_PID -- COMMAND [ARGS...]"
+_USAGE = "usage: parent_watch.py LAUNCHER_PID -- COMMAND [ARGS...]"
 _EXIT_USAGE = 2
 _EXIT_CANNOT_EXEC = 127  # like a shell that cannot find or run the command
 

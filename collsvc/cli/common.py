@@ -1,6 +1,6 @@
 """What the ``collsvc`` subcommands share: exit codes, the default coordinator, usage errors, tokens.
 
-The command modules (``cli``, ``_cli_remote``, ``_cli_observe``) import this one, never each other
+The command modules (``main``, ``remote``, ``observe``) import this one, never each other
 upward.
 """
 

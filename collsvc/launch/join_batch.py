@@ -1,4 +1,4 @@
-"""The gRPC side of the launcher's join relay (``collsvc._join_relay``): one JoinBatch, its answers.
+"""The gRPC side of the launcher's join relay (``collsvc.launch.join_relay``): one JoinBatch, its answers.
 
 Loaded with the relay's first batch, once the ranks run.
 """

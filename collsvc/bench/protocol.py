@@ -1,6 +1,6 @@
 """The timing protocol of collsvc's benchmarks, one copy for every library that is measured with it.
 
-``collsvc bench`` (collsvc/_bench_worker.py) and torch gloo's ranks in benchmarks/compare_gloo.py
+``collsvc bench`` (collsvc/bench/worker.py) and torch gloo's ranks in benchmarks/compare_gloo.py
 (benchmarks/gloo_worker.py) both call :func:`measure` with their own library's collective, barrier and
 gather, and build their rows with :func:`result_row`, so the two sides cannot drift apart:
 

@@ -1,6 +1,6 @@
 """``collsvc diagnose``, ``collsvc timeline merge`` and ``collsvc status --watch``: the observability commands.
 
-Kept apart from :mod:`collsvc.cli` so that ``collsvc run`` never pays for these imports.
+Kept apart from :mod:`collsvc.cli.main` so that ``collsvc run`` never pays for these imports.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from collsvc._cli_common import EXIT_FAILURE, EXIT_OK, UsageError
+from collsvc.cli.common import EXIT_FAILURE, EXIT_OK, UsageError
 
 _CLEAR = "\033[H\033[2J"
 
@@ -146,18 +146,18 @@ def watch_status(args: argparse.Namespace) -> int:
     """
     import grpc
 
-    from collsvc._cli_remote import _channel, _metadata, _rpc_failure, _target, status_to_dict
+    from collsvc.cli.remote import call_metadata, coordinator_target, open_channel, rpc_failure, status_to_dict
     from collsvc.observability.live import watch_table
     from collsvc.proto.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     if not args.interval > 0:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
-    target = _target(args)
-    metadata = _metadata(args)
+    target = coordinator_target(args)
+    metadata = call_metadata(args)
     clear = _CLEAR if sys.stdout.isatty() else ""
     previous, taken, refreshes = None, 0.0, 0
     pause = threading.Event()  # never set: wait() is an interruptible sleep between refreshes
-    with _channel(args, target) as channel:
+    with open_channel(args, target) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             while True:
@@ -166,7 +166,7 @@ def watch_status(args: argparse.Namespace) -> int:
                         coordinator_pb2.GetStatusRequest(job_id=args.job), timeout=args.timeout, metadata=metadata
                     )
                 except grpc.RpcError as exc:
-                    return _rpc_failure("status", target, exc)
+                    return rpc_failure("status", target, exc)
                 now = time.monotonic()
                 current = status_to_dict(response)
                 stamp = time.strftime("%H:%M:%S")

@@ -1,6 +1,6 @@
 """``collsvc run``: start N local ranks of a script, copy their output, stop them all at the first failure.
 
-With no ``coordinator`` the launcher serves an embedded coordinator (``_embedded_coordinator``) on a free
+With no ``coordinator`` the launcher serves an embedded coordinator (``embedded_coordinator``) on a free
 port of ``127.0.0.1`` with a fresh random token, in a thread of its own process, started while the ranks
 start; otherwise the ranks join the given one (multi-node: one launcher per node, each its ``node_rank``).
 
@@ -17,7 +17,6 @@ import queue
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,16 +26,16 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from collsvc._embedded_coordinator import EmbeddedCoordinator
-from collsvc._fork_server import script_preloads
-from collsvc._forked_ranks import ForkedProcess, ForkServer, can_fork, signal_group
-from collsvc._join_relay import JoinRelay, start_relay
-from collsvc._launch_spec import FORK_SERVER, LaunchSpec, rank_env
-from collsvc._output import LinePump, write_line
-from collsvc._parent_watch import wrap_command
-from collsvc._rank_processes import RankProcess, Supervision, describe_exit
-from collsvc.config import COORDINATOR_READY_ENV, thread_defaults
-from collsvc.failure_report import REPORT_DIR_ENV, failure_summary, read_reports
+from collsvc.config import COORDINATOR_READY_ENV, host_name, thread_defaults
+from collsvc.launch.embedded_coordinator import EmbeddedCoordinator
+from collsvc.launch.fork_server import script_preloads
+from collsvc.launch.forked_ranks import ForkedProcess, ForkServer, can_fork, signal_group
+from collsvc.launch.join_relay import JoinRelay, start_relay
+from collsvc.launch.output import LinePump, write_line
+from collsvc.launch.parent_watch import wrap_command
+from collsvc.launch.rank_processes import RankProcess, Supervision, describe_exit
+from collsvc.launch.spec import FORK_SERVER, LaunchSpec, rank_env
+from collsvc.observability.failure_report import REPORT_DIR_ENV, failure_summary, read_reports
 
 EXIT_TIMEOUT = 124  # like coreutils timeout(1)
 # Ranks per core that keep the default heartbeat pace (1 s, failed after 5 s of silence). Past it, the
@@ -83,7 +82,7 @@ class Launcher:
 
     def __init__(self, spec: LaunchSpec, *, host: str | None = None, out: Callable[[str], None] | None = None):
         self.spec = spec
-        self.host = host or os.environ.get("COLLSVC_HOST") or socket.gethostname()
+        self.host = host or host_name()
         self._say = out or (lambda text: write_line(sys.stderr, text + "\n"))
         self._events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()
         self._ranks: list[RankProcess] = []
@@ -123,12 +122,13 @@ class Launcher:
             if self._signalled:
                 return
             rank = self.spec.node_rank * self.spec.nproc + local_rank
+            # reads the environment itself: each rank's starts as a copy of the launcher's (rank_env)
             env = rank_env(os.environ, self.spec, coordinator, token, local_rank)
             ready = self.embedded.ready_signal if self.embedded is not None else None
-            if ready is not None:  # the ranks wait for it (see collsvc/_embedded_coordinator.py)
+            if ready is not None:  # the ranks wait for it (see collsvc/launch/embedded_coordinator.py)
                 env[COORDINATOR_READY_ENV] = ready[1]
             env.update(self._relay.environment() if self._relay is not None else {})
-            if self.heartbeat_interval is not None and not os.environ.get("COLLSVC_HEARTBEAT_INTERVAL"):
+            if self.heartbeat_interval is not None and not env.get("COLLSVC_HEARTBEAT_INTERVAL"):  # the user's wins
                 env["COLLSVC_HEARTBEAT_INTERVAL"] = f"{self.heartbeat_interval:g}"
             pass_fds = (ready[0],) if ready is not None else ()
             if self._fork_server is None and self.spec.start_method == FORK_SERVER and can_fork(self.spec.command):
@@ -149,7 +149,7 @@ class Launcher:
         if self._fork_server is not None:
             process = self._fork_server.start(ident, self.spec.command, env, pass_fds)
         else:
-            # The process dies with this one even when it is SIGKILLed (see collsvc/_parent_watch.py). Linux
+            # The process dies with this one even when it is SIGKILLed (see collsvc/launch/parent_watch.py). Linux
             # ties that to the thread that starts it: this one, which supervises the ranks until they exit
             # (and which starts the fork server, which the forked ranks die with).
             process = subprocess.Popen(

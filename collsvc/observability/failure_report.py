@@ -24,7 +24,7 @@ from typing import Any
 
 REPORT_DIR_ENV = "COLLSVC_REPORT_DIR"
 DEBUG_ENV = "COLLSVC_DEBUG"
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # collsvc/, not observability/
 _installed = False
 _installed_pid = 0  # the rank's process: its forked children do not report for it
 
@@ -57,7 +57,7 @@ def render(error: BaseException, tb: TracebackType | None) -> str:
 
 def write_report(error: BaseException, rank: int | None = None, environ: Mapping[str, str] = os.environ) -> None:
     """Writes ``error``'s report for the launcher when ``COLLSVC_REPORT_DIR`` is set; never raises."""
-    directory = environ.get(REPORT_DIR_ENV)
+    directory = environ.get(REPORT_DIR_ENV)  # reads the environment itself: collsvc run wrote both for its ranks
     if not directory:
         return
     if rank is None:
@@ -78,6 +78,7 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
 
     if isinstance(error, CollsvcError) and os.getpid() == _installed_pid:
         write_report(error)
+        # Reads the environment itself: these values (1, true, yes) differ from config.debug_enabled's.
         if os.environ.get(DEBUG_ENV, "") not in ("1", "true", "yes"):
             with contextlib.suppress(Exception):
                 sys.stderr.write(render(error, tb))
