@@ -9,7 +9,7 @@ outgoing side) it measures, in one process tree, alternating the libraries from 
 - the floor (benchmarks/link_floor.py): one TCP stream from host a to host b, and raw-bytes gRPC calls;
 - all_reduce of float32 with ``--per-host`` ranks on each host: collsvc over its bulk lane (the
   default), collsvc with ``COLLSVC_TCP_LANE=0`` (every frame a gRPC call), and torch's gloo (one
-  thread, ``GLOO_SOCKET_IFNAME``), each with the protocol of collsvc/bench_protocol.py (its own barrier
+  thread, ``GLOO_SOCKET_IFNAME``), each with the protocol of collsvc/bench/protocol.py (its own barrier
   before every call, the slowest rank's time, p50 over ``--iters`` calls, the median over repeats).
 Prints markdown tables and, as the last line, one JSON object with every number. Without root (or
 without ``ip``/``tc``) it says why and exits 0.
@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collsvc.bench import parse_size, size_range  # noqa: E402
+from collsvc.bench.harness import parse_size, size_range  # noqa: E402
 from tests.netns import topology  # noqa: E402
 
 RUN_TIMEOUT = 600.0
@@ -139,7 +139,7 @@ def collsvc_rows(
             rank_env = dict(
                 job, COLLSVC_RANK=str(rank), COLLSVC_LOCAL_RANK=str(rank % per_host), COLLSVC_HOST=host.name
             )
-            commands.append((host.command([sys.executable, "-m", "collsvc._bench_worker"]), rank_env))
+            commands.append((host.command([sys.executable, "-m", "collsvc.bench.worker"]), rank_env))
         outputs = run_all(commands, RUN_TIMEOUT)
     finally:
         coordinator.terminate()

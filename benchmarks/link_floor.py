@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from collsvc.bench import parse_size  # noqa: E402
+from collsvc.bench.harness import parse_size  # noqa: E402
 
 OPTIONS = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
 SERVICE = "floor.Bytes"
