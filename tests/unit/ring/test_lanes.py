@@ -113,12 +113,12 @@ def test_a_lane_connection_without_its_ticket_is_refused(pair: tuple[Peer, Peer]
     _, b = pair
     port = b.server._lane.port  # type: ignore[union-attr]
     with pytest.raises(OSError):
-        open_lane("127.0.0.1", port, 0, b"\0" * 32, timeout=5)
+        open_lane("127.0.0.1", port, 0, b"\0" * 32, 5, lambda error: None)
 
 
 def connected_pair() -> tuple[LaneConnection, socket.socket]:
     mine, theirs = socket.socketpair()
-    return LaneConnection(mine, "peer"), theirs
+    return LaneConnection(mine, "peer", lambda error: None), theirs
 
 
 def test_a_peer_that_takes_no_data_fails_the_send_at_its_deadline() -> None:
@@ -161,6 +161,28 @@ def test_a_peer_that_closes_fails_what_it_still_owed_as_refused(pair: tuple[Peer
         assert isinstance(transport.delivery_error(1, future), RankFailedError)
     finally:
         transport.close()
+
+
+def test_a_lane_that_ends_while_idle_counts_as_a_refused_delivery(pair: tuple[Peer, Peer]) -> None:
+    a, b = pair
+    transport = transport_of(a, b)
+    try:
+        assert send(transport, 1, 0, b"first")[0].result(timeout=10) == b""
+        b.server.stop(0)  # the peer's process is gone while this rank sends nothing
+        # No departure news comes: after the grace the refusal is this process's failure, naming rank 1.
+        with pytest.raises(RankFailedError) as raised:
+            a.mailbox.take((7, 1, 5, 1), time.monotonic() + 10)
+        assert raised.value.ranks == [1]
+    finally:
+        transport.close()
+
+
+def test_a_lane_this_side_closed_reports_nothing(pair: tuple[Peer, Peer]) -> None:
+    a, b = pair
+    transport = transport_of(a, b)
+    assert send(transport, 1, 0, b"first")[0].result(timeout=10) == b""
+    transport.close()
+    assert a.mailbox.take((7, 1, 5, 1), time.monotonic() + 3) is None  # no failure: the deadline passes
 
 
 def test_timeout_maps_to_collective_timeout(pair: tuple[Peer, Peer]) -> None:

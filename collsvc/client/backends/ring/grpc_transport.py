@@ -32,6 +32,7 @@ from collsvc.client.backends.grpc_options import (
     message_options,
 )
 from collsvc.client.backends.ring import frames
+from collsvc.client.backends.ring.lane_wire import LaneError
 from collsvc.client.backends.ring.lanes import Lanes
 from collsvc.client.backends.ring.local_frames import LocalFrames
 from collsvc.client.backends.ring.mailbox import Mailbox
@@ -109,7 +110,14 @@ class GrpcTransport:
         self._senders: dict[int, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {}
         self._lane_askers: dict[int, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {}
         #: bulk lanes to peers that offer one (None: every frame goes over gRPC)
-        self.lanes = Lanes(rank, self._addresses, self._ask_lane) if lane and tls is None else None
+        self.lanes = Lanes(rank, self._addresses, self._ask_lane, self._lane_broken) if lane and tls is None else None
+
+    def _lane_broken(self, rank: int, error: LaneError) -> None:
+        """A lane to global ``rank`` ended while no send was on it: read as a refused delivery (the
+        departure of a peer that left cleanly explains it, see :meth:`Mailbox.unreachable`)."""
+        if not self.mailbox.has_departed(rank):
+            failure = _send_error(error.code(), error.details(), rank, self._hosts.get(rank, ""), self._addresses[rank])
+            self.mailbox.unreachable(rank, failure, DEPARTURE_NEWS_GRACE)
 
     def _ask_lane(self, rank: int, request: bytes, timeout: float) -> bytes:
         self._sender(rank)

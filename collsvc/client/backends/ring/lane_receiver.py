@@ -2,7 +2,7 @@
 
 Each accepted connection belongs to one sending peer, proven by the one-time ticket that peer got
 over the authenticated gRPC channel; a thread per connection reads its frames into their own
-buffers, deposits them in the mailbox and acknowledges each (``lane_wire.py``).
+buffers and deposits them in the mailbox (``lane_wire.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import threading
 from collsvc.client.backends.ring import frames
 from collsvc.client.backends.ring.lane_wire import (
     ACCEPTED,
-    ACK,
     HANDSHAKE_SECONDS,
     HELLO,
     TICKET_BYTES,
@@ -115,7 +114,6 @@ class LaneListener:
             payload = bytearray(layout.payload_bytes)
             read_exact(conn, memoryview(payload))
             self._mailbox.deposit(layout.header(bytes(signature)), memoryview(payload))
-            conn.sendall(ACK)
 
     def close(self) -> None:
         with self._lock:

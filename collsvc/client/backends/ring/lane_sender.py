@@ -1,22 +1,24 @@
 """The sending end of the bulk lane: one connection to one peer's lane, written by the calling thread.
 
 A send writes its frame straight from the caller's buffer (header and payload in one ``sendmsg``, no
-join) and returns a future that an acknowledgement thread completes once the receiver deposited the
-frame; frames and acknowledgements keep their order on the connection. A connection that broke (the
-peer's process is gone, the path is dead, a write passed its deadline half-way) fails every send it
-still owed and is never written again; the transport opens a new one for the next send.
+join) and is complete once the kernel took all of it, as a send is in gloo or MPI's eager protocol:
+the receiver sends nothing back, so a frame costs no acknowledgement and no thread wakes for it. A
+thread per connection only waits for the connection to end: the peer's process gone (a reset or the
+end of the stream) or a dead path (keepalive and ``TCP_USER_TIMEOUT``, ``lane_wire.py``). It then
+reports the break (``on_broken``), and the rank learns it as from a refused gRPC call. A connection that
+broke (also a write that passed its deadline half-way) is never written again; the transport opens a
+new one for the next send.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 
 import grpc
 
@@ -35,8 +37,11 @@ from collsvc.client.backends.ring.lane_wire import (
 WRITE_CHECK_SECONDS = 0.2
 
 
-def open_lane(host: str, port: int, rank: int, ticket: bytes, timeout: float) -> LaneConnection:
-    """Connects to a peer's lane and presents ``ticket`` as global rank ``rank``.
+def open_lane(
+    host: str, port: int, rank: int, ticket: bytes, timeout: float, on_broken: Callable[[LaneError], None]
+) -> LaneConnection:
+    """Connects to a peer's lane and presents ``ticket`` as global rank ``rank``; ``on_broken`` is
+    called (on the connection's own thread) if the connection ends other than by :meth:`close`.
 
     Raises:
         OSError: the connection could not be made or the peer did not accept the ticket in ``timeout``.
@@ -53,34 +58,30 @@ def open_lane(host: str, port: int, rank: int, ticket: bytes, timeout: float) ->
     except BaseException:
         sock.close()
         raise
-    return LaneConnection(sock, f"{host}:{port}")
+    return LaneConnection(sock, f"{host}:{port}", on_broken)
 
 
-def _settle(future: Future[bytes], error: LaneError | None) -> None:
-    """Completes ``future`` unless the caller cancelled it meanwhile."""
-    if future.done():
-        return
-    try:
-        if error is None:
-            future.set_result(b"")
-        else:
-            future.set_exception(error)
-    except InvalidStateError:
-        pass  # cancelled between the check and the completion
+def _finished(error: LaneError | None) -> Future[bytes]:
+    future: Future[bytes] = Future()
+    if error is None:
+        future.set_result(b"")
+    else:
+        future.set_exception(error)
+    return future
 
 
 class LaneConnection:
     """Frames to one peer over one lane connection."""
 
-    def __init__(self, sock: socket.socket, address: str) -> None:
+    def __init__(self, sock: socket.socket, address: str, on_broken: Callable[[LaneError], None]) -> None:
         self._sock = sock
         self._address = address
+        self._on_broken = on_broken
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._unacked: collections.deque[Future[bytes]] = collections.deque()
         self._broken: LaneError | None = None
         forget_in_forked_children(self)
-        threading.Thread(target=self._read_acks, name="collsvc-lane-acks", daemon=True).start()
+        threading.Thread(target=self._watch, name="collsvc-lane-watch", daemon=True).start()
 
     @property
     def broken(self) -> bool:
@@ -89,7 +90,9 @@ class LaneConnection:
     def send(
         self, header: bytes, payload: memoryview, deadline: float, failure: Callable[[], BaseException | None]
     ) -> Future[bytes]:
-        """Writes one frame; returns the future its acknowledgement completes.
+        """Writes one frame; returns a finished future: its result once the kernel took every byte, or
+        the :class:`LaneError` that broke the connection (DEADLINE_EXCEEDED: the peer took no data
+        before ``deadline``; UNAVAILABLE: the connection is gone).
 
         Args:
             failure: the rank's recorded failure, if any; looked up while a write waits on the peer.
@@ -98,23 +101,19 @@ class LaneConnection:
             BaseException: the failure ``failure`` returned while the write was blocked (the connection
                 is then broken: half a frame went out).
         """
-        future: Future[bytes] = Future()
         with self._write_lock:
-            with self._state_lock:
-                if self._broken is not None:
-                    future.set_exception(self._broken)
-                    return future
-                self._unacked.append(future)
+            if self._broken is not None:
+                return _finished(self._broken)
             try:
                 self._write([memoryview(header), payload], deadline, failure)
             except LaneError as exc:
-                self._break(exc)
+                return _finished(self._break(exc))
             except OSError as exc:
-                self._break(LaneError(grpc.StatusCode.UNAVAILABLE, f"the lane to {self._address} broke: {exc}"))
+                return _finished(self._break(self._lost(exc)))
             except BaseException:
                 self._break(LaneError(grpc.StatusCode.CANCELLED, "a write was abandoned half-way"))
                 raise
-        return future
+        return _finished(None)
 
     def _write(self, buffers: list[memoryview], deadline: float, failure: Callable[[], BaseException | None]) -> None:
         buffers = [buffer for buffer in buffers if len(buffer)]
@@ -153,32 +152,28 @@ class LaneConnection:
             if recorded is not None:
                 raise recorded
 
-    def _read_acks(self) -> None:
-        buffer = bytearray(4096)
-        try:
-            while True:
-                got = self._sock.recv_into(buffer)
-                if got == 0:
-                    raise ConnectionError("the peer closed the lane")
-                with self._state_lock:
-                    acked = [self._unacked.popleft() for _ in range(min(got, len(self._unacked)))]
-                for future in acked:
-                    _settle(future, None)
-        except OSError as exc:
-            self._break(LaneError(grpc.StatusCode.UNAVAILABLE, f"the lane to {self._address} broke: {exc}"))
+    def _lost(self, exc: BaseException) -> LaneError:
+        return LaneError(grpc.StatusCode.UNAVAILABLE, f"the lane to {self._address} broke: {exc}")
 
-    def _break(self, error: LaneError) -> None:
-        """Fails every send still owed and closes the connection; the first cause wins."""
+    def _watch(self) -> None:
+        """Waits for the connection to end; reports it unless this side ended it first."""
+        try:
+            got = self._sock.recv(1)
+            error = self._lost(ConnectionError("the peer sent data on a lane" if got else "the peer closed it"))
+        except OSError as exc:
+            error = self._lost(exc)
+        if self._break(error) is error:
+            self._on_broken(error)
+
+    def _break(self, error: LaneError) -> LaneError:
+        """Marks the connection broken and shuts it down; returns the cause, which is the first one."""
         with self._state_lock:
             if self._broken is None:
                 self._broken = error
-            owed = list(self._unacked)
-            self._unacked.clear()
-            error = self._broken
-        for future in owed:
-            _settle(future, error)
-        with contextlib.suppress(OSError):
+            cause = self._broken
+        with contextlib.suppress(OSError):  # already shut down, or never connected
             self._sock.shutdown(socket.SHUT_RDWR)
+        return cause
 
     def close(self) -> None:
         self._break(LaneError(grpc.StatusCode.CANCELLED, "the transport closed"))

@@ -4,10 +4,10 @@ gRPC stays the ring's control and fallback path; the lane only moves frames. A p
 over its authenticated gRPC channel (``Lane``: the request is the asking rank, the answer the lane's
 port and a one-time ticket of :data:`TICKET_BYTES` random bytes, or nothing where the receiver offers
 no lane). It then connects, sends its rank and the ticket (:data:`HELLO`), and reads one
-:data:`ACCEPTED` byte. From then on it writes frames (``frames.py``) and the receiver answers each frame
-it deposited with one :data:`ACK` byte, so a send is delivered when its frame is in the receiver's
-mailbox, as with a gRPC call. A dead path is found as gRPC's keepalive finds it: TCP keepalive and
-``TCP_USER_TIMEOUT`` break the connection after :data:`DEAD_AFTER` seconds without an answer.
+:data:`ACCEPTED` byte. From then on it only writes frames (``frames.py``) and the receiver only reads
+them: a send is done when the kernel took it, as in gloo or MPI's eager protocol. A dead path is found
+as gRPC's keepalive finds it: TCP keepalive and ``TCP_USER_TIMEOUT`` break the connection after
+:data:`DEAD_AFTER` seconds without an answer, and the sender's watch on the connection reports it.
 
 Failures are reported in gRPC's status vocabulary (:class:`LaneError`), so the ring reads a failed
 send the same way whichever road carried it.
@@ -27,7 +27,6 @@ TICKET_BYTES = 32
 HELLO = struct.Struct("<i32s")  # the sender's global rank, the ticket its Lane call was given
 OFFER = struct.Struct("<I32s")  # the lane's port, the ticket
 ACCEPTED = b"\x01"
-ACK = b"\x06"
 # Seconds without an answer before a connection counts as dead (TCP keepalive: idle 2 s, then 3
 # probes 1 s apart; TCP_USER_TIMEOUT for data sent and not acknowledged): gRPC's PEER_PING_EVERY +
 # PEER_DEAD_AFTER on the same path.

@@ -18,11 +18,12 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from collsvc.client.backends.ring.lane_sender import LaneConnection, open_lane
-from collsvc.client.backends.ring.lane_wire import HANDSHAKE_SECONDS, OFFER, split_address
+from collsvc.client.backends.ring.lane_wire import HANDSHAKE_SECONDS, OFFER, LaneError, split_address
 
 log = logging.getLogger(__name__)
 
 LaneAsk = Callable[[int, bytes, float], bytes]  # (global rank, request, timeout) -> the peer's answer
+LaneBroken = Callable[[int, LaneError], None]  # (global rank, why its lane broke)
 
 
 class _NoLane:
@@ -35,10 +36,11 @@ NO_LANE = _NoLane()
 class Lanes:
     """This rank's lanes to its peers, opened on first use."""
 
-    def __init__(self, rank: int, addresses: Mapping[int, str], ask: LaneAsk) -> None:
+    def __init__(self, rank: int, addresses: Mapping[int, str], ask: LaneAsk, on_broken: LaneBroken) -> None:
         self._rank = rank
         self._addresses = dict(addresses)
         self._ask = ask
+        self._on_broken = on_broken
         self._lock = threading.Lock()
         self._lanes: dict[int, LaneConnection | _NoLane] = {}
         self._opening: dict[int, threading.Lock] = {}
@@ -82,7 +84,7 @@ class Lanes:
         port, ticket = OFFER.unpack(answer)
         host = split_address(self._addresses[dst])
         try:
-            return open_lane(host, port, self._rank, ticket, timeout)
+            return open_lane(host, port, self._rank, ticket, timeout, lambda error: self._on_broken(dst, error))
         except OSError as exc:
             log.info(
                 "rank %d: no bulk lane to rank %d at %s:%d (%s); frames go over gRPC", self._rank, dst, host, port, exc
