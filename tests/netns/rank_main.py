@@ -10,6 +10,9 @@ Modes (argv[1]):
          error and the monotonic time it was raised (the test cuts a link meanwhile)
   link   the same as train, but a rank that raised then leaves the job as a script that ends with the
          error does (the test cuts the path between two ranks that both still reach the coordinator)
+  steady all_reduce of argv[2] bytes in a loop until the file argv[3] exists on rank 0 (every step
+         all-reduces that flag first, so the ranks stop at the same step); prints TRAINING after a few
+         steps and STEP <n> <monotonic time> after each, then a RESULT with the steps and any error
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ def main() -> int:
         train(comm, sys.argv[2], int(sys.argv[3]), result)
         print("RESULT " + json.dumps(result), flush=True)
         os._exit(0)  # a partitioned job cannot leave cleanly; the test only needs the error
+    elif mode == "steady":
+        steady(comm, int(sys.argv[2]), sys.argv[3], result)
     elif mode == "link":
         train(comm, sys.argv[2], int(sys.argv[3]), result)
         print("RESULT " + json.dumps(result), flush=True)
@@ -119,6 +124,28 @@ def train(comm: collsvc.Communicator, op: str, nbytes: int, result: dict[str, ob
         steps += 1
         if steps == 20:
             print("TRAINING", flush=True)
+
+
+def steady(comm: collsvc.Communicator, nbytes: int, stop_file: str, result: dict[str, object]) -> None:
+    x = np.ones(max(nbytes // 8, 1), np.float64)
+    steps = 0
+    result["error"] = None
+    try:
+        while not comm.all_reduce(np.array([comm.rank == 0 and os.path.exists(stop_file)]))[0]:
+            comm.all_reduce(x, out=x)
+            ok = bool(np.all(x == comm.size))
+            x.fill(1.0)
+            if not ok:
+                result["error"] = "wrong sum"
+                break
+            steps += 1
+            print(f"STEP {steps} {time.monotonic()}", flush=True)
+            if steps == 5:
+                print("TRAINING", flush=True)
+    except collsvc.CollsvcError as exc:
+        result["error"] = type(exc).__name__
+        result["message"] = str(exc)
+    result["steps"] = steps
 
 
 if __name__ == "__main__":

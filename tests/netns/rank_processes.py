@@ -26,6 +26,7 @@ class Output:
         assert proc.stdout is not None
         self._proc, self._fd, self._who = proc, proc.stdout.fileno(), who
         self._buffer = b""
+        self.seen: list[str] = []  # every line read so far
 
     def line_with(self, marker: str, deadline: float) -> str:
         """The next line containing ``marker``, read before ``deadline`` (monotonic).
@@ -36,8 +37,9 @@ class Output:
         while True:
             while b"\n" in self._buffer:
                 line, self._buffer = self._buffer.split(b"\n", 1)
+                self.seen.append(line.decode(errors="replace"))
                 if marker.encode() in line:
-                    return line.decode()
+                    return self.seen[-1]
             ready, _, _ = select.select([self._fd], [], [], max(deadline - time.monotonic(), 0))
             assert ready, f"{self._who}: no {marker!r} line before the deadline"
             chunk = os.read(self._fd, 65536)

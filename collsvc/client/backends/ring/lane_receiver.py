@@ -14,6 +14,8 @@ import secrets
 import socket
 import threading
 
+import numpy as np
+
 from collsvc.client.backends.ring import frames
 from collsvc.client.backends.ring.lane_wire import (
     ACCEPTED,
@@ -111,9 +113,9 @@ class LaneListener:
                 raise frames.FrameError(f"rank {src}'s lane carried a frame from rank {layout.src}")
             signature = bytearray(layout.signature_bytes)
             read_exact(conn, memoryview(signature))
-            payload = bytearray(layout.payload_bytes)
-            read_exact(conn, memoryview(payload))
-            self._mailbox.deposit(layout.header(bytes(signature)), memoryview(payload))
+            payload = np.empty(layout.payload_bytes, np.uint8).data  # not zeroed: every byte is read into it
+            read_exact(conn, payload)
+            self._mailbox.deposit(layout.header(bytes(signature)), payload)
 
     def close(self) -> None:
         with self._lock:
