@@ -40,6 +40,9 @@ from collsvc.options import InitOptions
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
+# How long a member that finished cleanly waits for its peers to confirm the frames it sent over bulk
+# lanes before it leaves (ring/lanes.py): only a stopped or cut-off peer takes that long.
+LANE_DRAIN_SECONDS = 5.0
 
 
 class Job:
@@ -249,6 +252,8 @@ class Job:
         # them and not this member, which merely ended after them.
         blamed = failure.ranks if isinstance(failure, (RankFailedError, CollectiveTimeoutError)) else []
         cause = [r for r in blamed if r != self.rank]
+        if failure is None:  # a failed job's frames no longer matter: its peers learn of it at once
+            self.transport.drain(LANE_DRAIN_SECONDS)
         self.client.leave(self.progress.snapshot(), cause, str(failure) if cause else "")
         self.watcher.stop()
         self.recorder.close()

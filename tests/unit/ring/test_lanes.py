@@ -199,3 +199,29 @@ def test_timeout_maps_to_collective_timeout(pair: tuple[Peer, Peer]) -> None:
         assert not refused(late)
     finally:
         transport.close()
+
+
+def test_a_drain_returns_once_every_frame_sent_is_in_the_mailbox(pair: tuple[Peer, Peer]) -> None:
+    a, b = pair
+    transport = transport_of(a, b)
+    try:
+        payload = bytes(8 << 20)
+        for step in range(4):
+            assert send(transport, 1, step, payload)[0].result(timeout=10) == b""
+        assert transport.lanes is not None and transport.lanes.drain(10)
+        for step in range(4):  # deposited before the drain answered: no waiting now
+            assert b.mailbox.take((7, 1, step, 0), time.monotonic()) is not None
+    finally:
+        transport.close()
+
+
+def test_a_drain_to_a_peer_that_reads_nothing_gives_up_at_its_timeout() -> None:
+    lane, theirs = connected_pair()
+    try:
+        started = time.monotonic()
+        drained = lane.start_drain(started + 0.5)
+        assert drained is not None and not drained.wait(0.5)
+        assert time.monotonic() - started < 2.0
+    finally:
+        lane.close()
+        theirs.close()

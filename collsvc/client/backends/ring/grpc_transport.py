@@ -190,6 +190,13 @@ class GrpcTransport:
         details = exc.details() if hasattr(exc, "details") else str(exc)
         return _send_error(code, details or "", dst, self._hosts.get(dst, ""), self._addresses[dst])
 
+    def drain(self, timeout: float) -> None:
+        """Before a clean leave: waits (at most ``timeout`` s) until the frames sent over lanes are in
+        their receivers' mailboxes, as a gRPC send is once it completed; a peer told that this member
+        left then finds every frame it sent. A peer that does not confirm in time is not waited for."""
+        if self.lanes is not None and not self.lanes.drain(timeout):
+            log.info("rank %d: not every bulk lane confirmed its frames within %.0f s", self.rank, timeout)
+
     def close(self) -> None:
         if self.local_frames is not None:
             self.local_frames.close()

@@ -19,6 +19,8 @@ import numpy as np
 from collsvc.client.backends.ring import frames
 from collsvc.client.backends.ring.lane_wire import (
     ACCEPTED,
+    DRAIN_MAGIC,
+    DRAINED,
     HANDSHAKE_SECONDS,
     HELLO,
     TICKET_BYTES,
@@ -108,6 +110,9 @@ class LaneListener:
         head_view = memoryview(head)
         while True:
             read_exact(conn, head_view)
+            if head.startswith(DRAIN_MAGIC):  # every frame before it was deposited
+                conn.sendall(DRAINED)
+                continue
             layout = frames.read_layout(head, self._max_payload)
             if layout.src != src:
                 raise frames.FrameError(f"rank {src}'s lane carried a frame from rank {layout.src}")

@@ -22,8 +22,11 @@ from concurrent.futures import Future
 
 import grpc
 
+from collsvc.client.backends.ring.frames import HEADER
 from collsvc.client.backends.ring.lane_wire import (
     ACCEPTED,
+    DRAIN_MAGIC,
+    DRAINED,
     HANDSHAKE_SECONDS,
     HELLO,
     LaneError,
@@ -32,6 +35,7 @@ from collsvc.client.backends.ring.lane_wire import (
     tune,
 )
 
+HEADER_BYTES = HEADER.size
 # A write blocked on a peer that does not read looks up at least this often whether the rank recorded a
 # failure meanwhile (a coordinator event names the cause better than the call's deadline would).
 WRITE_CHECK_SECONDS = 0.2
@@ -80,6 +84,7 @@ class LaneConnection:
         self._write_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._broken: LaneError | None = None
+        self._drained: threading.Event | None = None  # set by the watch when the peer answers a drain
         forget_in_forked_children(self)
         threading.Thread(target=self._watch, name="collsvc-lane-watch", daemon=True).start()
 
@@ -114,6 +119,21 @@ class LaneConnection:
                 self._break(LaneError(grpc.StatusCode.CANCELLED, "a write was abandoned half-way"))
                 raise
         return _finished(None)
+
+    def start_drain(self, deadline: float) -> threading.Event | None:
+        """Asks the peer to confirm that every frame sent so far is in its mailbox; returns the event
+        the answer sets, or None where the connection is broken or the marker could not go out."""
+        with self._write_lock:
+            if self._broken is not None:
+                return None
+            drained = self._drained = threading.Event()
+            marker = memoryview(DRAIN_MAGIC + bytes(HEADER_BYTES - len(DRAIN_MAGIC)))
+            try:
+                self._write([marker], deadline, lambda: None)
+            except (LaneError, OSError) as exc:
+                self._break(exc if isinstance(exc, LaneError) else self._lost(exc))
+                return None
+        return drained
 
     def _write(self, buffers: list[memoryview], deadline: float, failure: Callable[[], BaseException | None]) -> None:
         buffers = [buffer for buffer in buffers if len(buffer)]
@@ -158,7 +178,12 @@ class LaneConnection:
     def _watch(self) -> None:
         """Waits for the connection to end; reports it unless this side ended it first."""
         try:
-            got = self._sock.recv(1)
+            while True:
+                got = self._sock.recv(1)
+                drained = self._drained
+                if got != DRAINED or drained is None:
+                    break
+                drained.set()
             error = self._lost(ConnectionError("the peer sent data on a lane" if got else "the peer closed it"))
         except OSError as exc:
             error = self._lost(exc)

@@ -8,6 +8,7 @@ no lane). It then connects, sends its rank and the ticket (:data:`HELLO`), and r
 them: a send is done when the kernel took it, as in gloo or MPI's eager protocol. A dead path is found
 as gRPC's keepalive finds it: TCP keepalive and ``TCP_USER_TIMEOUT`` break the connection after
 :data:`DEAD_AFTER` seconds without an answer, and the sender's watch on the connection reports it.
+The one exchange back is the drain before a member leaves (:data:`DRAIN_MAGIC`).
 
 Failures are reported in gRPC's status vocabulary (:class:`LaneError`), so the ring reads a failed
 send the same way whichever road carried it.
@@ -27,6 +28,11 @@ TICKET_BYTES = 32
 HELLO = struct.Struct("<i32s")  # the sender's global rank, the ticket its Lane call was given
 OFFER = struct.Struct("<I32s")  # the lane's port, the ticket
 ACCEPTED = b"\x01"
+# Before a rank leaves the job it drains its lanes: a marker the size of a frame header (but not a
+# frame: another magic) that the receiver answers with DRAINED once every frame before it is in its
+# mailbox. A peer told of the departure must find every frame the member sent already there.
+DRAIN_MAGIC = b"CSVD"
+DRAINED = b"\x02"
 # Seconds without an answer before a connection counts as dead (TCP keepalive: idle 2 s, then 3
 # probes 1 s apart; TCP_USER_TIMEOUT for data sent and not acknowledged): gRPC's PEER_PING_EVERY +
 # PEER_DEAD_AFTER on the same path.

@@ -91,6 +91,15 @@ class Lanes:
             )
             return NO_LANE
 
+    def drain(self, timeout: float) -> bool:
+        """Waits (at most ``timeout`` seconds) until every peer this rank has a lane to confirmed that
+        all frames sent to it are in its mailbox; returns whether all did."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            open_lanes = [lane for lane in self._lanes.values() if isinstance(lane, LaneConnection)]
+        waits = [lane.start_drain(deadline) for lane in open_lanes if not lane.broken]
+        return all(wait is not None and wait.wait(max(deadline - time.monotonic(), 0)) for wait in waits)
+
     def close(self) -> None:
         with self._lock:
             lanes, self._lanes = self._lanes, {}
