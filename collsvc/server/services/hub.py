@@ -242,7 +242,7 @@ class Hub:
         self.join_quota = JoinQuota(options.limits)
         self._clock = clock
         self._runtimes: dict[str, JobRuntime] = {}
-        self.stall_watch = StallWatch(options)  # when the heartbeat monitor last ran, and stalls seen
+        self.stall_watch = StallWatch(options, clock())  # when the heartbeat monitor last ran, and stalls seen
         self.draining = False  # set by :meth:`drain` when this coordinator stops
 
     def drain(self) -> None:

@@ -5,7 +5,9 @@ container or a VM migration look; a launcher too busy to run its embedded coordi
 heartbeats meanwhile. Its heartbeat monitor must not take that for the members' silence:
 
 - a monitor round that comes late (:func:`stall_threshold`) restarts every live member's clock and
-  judges nobody (:class:`StallWatch`);
+  judges nobody (:class:`StallWatch`); the clocks start the stall's length later (at most one heartbeat
+  timeout): a stall of seconds outlasts the members' keepalive on their heartbeat streams, and a
+  member whose stream broke meanwhile needs that long again to reconnect on a loaded machine;
 - many members of one job silent in the same round (:func:`mass_silence`) are taken for a stall once:
   their clocks restart, and only those still silent a whole timeout later fail (:func:`judge`).
 
@@ -41,9 +43,12 @@ def stall_threshold(options: CoordinatorOptions) -> float:
 class StallWatch:
     """When the heartbeat monitor last ran, and how many stalls it noticed."""
 
-    def __init__(self, options: CoordinatorOptions) -> None:
+    def __init__(self, options: CoordinatorOptions, started: float) -> None:
         self.threshold = stall_threshold(options)
-        self.last_tick: float | None = None  # None: never ran
+        self.most_extra = options.heartbeat_timeout
+        # The coordinator's start counts as a round: a stall before the first one (members joined, then
+        # the process was stopped at once) is a stall like any other.
+        self.last_tick = started
         self.stalls = 0
 
     def on_time(self, jobs: list[Job], now: float) -> bool:
@@ -51,13 +56,14 @@ class StallWatch:
         stopped or not scheduled, and read no heartbeats meanwhile) restarts the clock of every live
         member of ``jobs`` instead (logged): nobody is judged on heartbeats it could not read."""
         last, self.last_tick = self.last_tick, now
-        if last is None or now - last <= self.threshold:
+        if now - last <= self.threshold:
             return True
         self.stalls += 1
+        restart_at = now + min(now - last, self.most_extra)
         log.warning(
             "coordinator stalled for %.1fs (its process was stopped or not scheduled): restarting the heartbeat "
-            "clocks of %d members instead of judging them on heartbeats it could not read",
-            now - last, restart_clocks(jobs, now),
+            "clocks of %d members %.1fs from now instead of judging them on heartbeats it could not read",
+            now - last, restart_clocks(jobs, restart_at), restart_at - now,
         )  # fmt: skip
         return False
 
@@ -76,7 +82,7 @@ class StallWatch:
 
     def overdue(self, now: float) -> bool:
         """Whether the monitor is late now (the coordinator is resuming from a stall not yet handled)."""
-        return self.last_tick is not None and now - self.last_tick > self.threshold
+        return now - self.last_tick > self.threshold
 
 
 def restart_clocks(jobs: list[Job], now: float) -> int:

@@ -222,14 +222,30 @@ def test_a_late_monitor_round_restarts_every_clock_instead_of_judging(clock: Fak
     clock.advance(8.0)  # the coordinator was stopped: no round ran, no heartbeat was read
     hub.tick()
     assert all(m.state == MemberState.ALIVE for m in members) and hub.stall_watch.stalls == 1
-    for _ in range(11):  # on-time rounds: rank 2 is really silent and is named after one timeout
+    # On-time rounds: rank 2 is really silent. Its clock restarted the stall's length later (at most a
+    # timeout: 5 s), time for a member whose stream broke during the stall to reconnect; it is named
+    # a timeout after that, not before.
+    for round_ in range(21):
         for member in members[:2]:  # their heartbeats are taken in
             rt.job.heartbeat(member)
         clock.advance(0.5)
         hub.tick()
+        if round_ == 18:
+            assert members[2].state == MemberState.ALIVE
     assert [m.state for m in members] == [MemberState.ALIVE, MemberState.ALIVE, MemberState.FAILED]
     (event,) = [e for e in drain(streams[0]) if e.kind == Events.EVENT_KIND_MEMBER_FAILED]
     assert list(event.ranks) == [2]
+
+
+def test_a_stall_before_the_first_monitor_round_is_a_stall_too(clock: FakeClock) -> None:
+    # The members joined and the coordinator was stopped before its monitor ever ran: its first round
+    # comes late all the same, and judges nobody.
+    hub = Hub(CoordinatorOptions(heartbeat_interval=1.0, heartbeat_timeout=5.0), clock=clock)
+    rt, members = _job(hub, 3)
+    clock.advance(10.0)
+    rt.job.heartbeat(members[0])  # one member's heartbeat is taken in before the round runs
+    hub.tick()
+    assert all(m.state == MemberState.ALIVE for m in members) and hub.stall_watch.stalls == 1
 
 
 def test_many_members_silent_at_once_are_given_one_more_timeout(clock: FakeClock) -> None:
