@@ -44,10 +44,25 @@ class Wire:
 
 def _scaled_blocks(src: np.ndarray, n: int, width: int, world: int) -> np.ndarray:
     """``src`` in the working dtype, divided by ``world``, zero-padded to ``n`` blocks of ``width``."""
-    work = np.zeros(n * width, working_dtype(src.dtype))
-    work[: src.shape[0]] = src
-    work *= 1.0 / world
+    work = np.empty(n * width, working_dtype(src.dtype))
+    count = src.shape[0]
+    work[count:] = 0
+    if src.dtype == work.dtype:  # one pass over the (large) payload
+        np.multiply(src, 1.0 / world, out=work[:count])
+    else:
+        work[:count] = src
+        work[:count] *= 1.0 / world
     return work
+
+
+def _unscaled_into(result: np.ndarray, out: np.ndarray, wire: Wire) -> None:
+    """``out`` becomes ``result`` (working dtype) times ``wire.unscale``, in ``out``'s dtype."""
+    if out.dtype == result.dtype:
+        np.multiply(result, wire.unscale, out=out)
+        return
+    if wire.unscale != 1.0:
+        result *= wire.unscale
+    out[...] = result
 
 
 def _reduce_own_block(ch: Channel, work: np.ndarray, width: int, wire: Wire) -> np.ndarray:
@@ -88,10 +103,7 @@ def all_reduce(ch: Channel, buf: np.ndarray, wire: Wire) -> None:
     algorithms.all_gather(ch, mine, gathered)
     for b in range(n):
         codec.decode(gathered[b * size : (b + 1) * size], work[b * width : (b + 1) * width])
-    result = work[: buf.shape[0]]
-    if wire.unscale != 1.0:
-        result *= wire.unscale
-    buf[...] = result
+    _unscaled_into(work[: buf.shape[0]], buf, wire)
 
 
 def reduce_scatter(ch: Channel, src: np.ndarray, out: np.ndarray, wire: Wire) -> None:
@@ -109,6 +121,4 @@ def reduce_scatter(ch: Channel, src: np.ndarray, out: np.ndarray, wire: Wire) ->
     encoded = np.empty(codec.encoded_bytes(width, work.dtype), np.uint8)
     codec.encode(total, encoded)
     codec.decode(encoded, total)
-    if wire.unscale != 1.0:
-        total *= wire.unscale
-    out[...] = total
+    _unscaled_into(total, out, wire)
