@@ -261,9 +261,11 @@ def destroy() -> None:
         comm.close()
 
 
-def all_reduce(x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+def all_reduce(
+    x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False, compression: str | None = None
+) -> Any:
     """:meth:`Communicator.all_reduce` on the default communicator."""
-    return default_communicator().all_reduce(x, op, out=out, async_op=async_op)
+    return default_communicator().all_reduce(x, op, out=out, async_op=async_op, compression=compression)
 
 
 def reduce(x: Any, dst: int, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
@@ -281,9 +283,11 @@ def all_gather(x: Any, *, out: Any = None, async_op: bool = False) -> Any:
     return default_communicator().all_gather(x, out=out, async_op=async_op)
 
 
-def reduce_scatter(x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+def reduce_scatter(
+    x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False, compression: str | None = None
+) -> Any:
     """:meth:`Communicator.reduce_scatter` on the default communicator."""
-    return default_communicator().reduce_scatter(x, op, out=out, async_op=async_op)
+    return default_communicator().reduce_scatter(x, op, out=out, async_op=async_op, compression=compression)
 
 
 def gather(x: Any, dst: int, *, out: Any = None, async_op: bool = False) -> Any:

@@ -120,3 +120,32 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
         raise TypeError(f"AVG of integer or bool dtype {name} is not allowed; use SUM and divide")
     if len(_ALLOWED_PAIRS) < 1024:
         _ALLOWED_PAIRS.add((op, dtype))
+
+
+# Lossy wire formats all_reduce and reduce_scatter accept for the frames that cross hosts (docs/api.md,
+# "Compressed wire"): torch's bf16/fp16 compress hooks and Bagua's MinMaxUInt8.
+COMPRESSIONS: tuple[str, ...] = ("bf16", "fp16", "minmax_uint8")
+COMPRESSIBLE_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def check_compression(compression: object, op: ReduceOp, dtype: str) -> str:
+    """Checks a reduction's ``compression`` argument against its op and dtype (a collsvc dtype name).
+
+    Returns:
+        The compression's name, "" for None (an exact wire).
+
+    Raises:
+        ValueError: an unknown compression, or an op other than SUM and AVG with one.
+        TypeError: a compression for a dtype other than float16, bfloat16, float32 or float64.
+    """
+    if compression is None:
+        return ""
+    if not isinstance(compression, str) or compression not in COMPRESSIONS:
+        accepted = ", ".join(repr(name) for name in COMPRESSIONS)
+        raise ValueError(f"compression must be None or one of {accepted}, got {compression!r}")
+    if dtype not in COMPRESSIBLE_DTYPES:
+        raise TypeError(f"compression={compression!r} needs a float16, bfloat16, float32 or float64 array, got {dtype}")
+    if op not in (ReduceOp.SUM, ReduceOp.AVG):
+        name = op.name if isinstance(op, ReduceOp) else repr(op)
+        raise ValueError(f"compression={compression!r} needs op SUM or AVG, got {name}")
+    return compression

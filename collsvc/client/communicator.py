@@ -2,7 +2,8 @@
 
 Arguments are validated here once, before anything is sent; each call gets the next sequence number
 of its group and runs on its group's ordered executor. The array plumbing of each collective lives in
-``ops.py``; object collectives in ``objects.py``; gradient bucketing in ``bucketing.py``.
+``ops.py``; object collectives in ``objects.py``; gradient bucketing in ``bucketing.py``; sub-communicators
+in ``subgroups.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from collsvc.client.gpu_sync import GpuSync
 from collsvc.client.job import Job
 from collsvc.client.job_handle import JobHandle
 from collsvc.client.numbering import StreamNumbers
-from collsvc.client.placement import placement_of, same_local_rank
+from collsvc.client.placement import placement_of
+from collsvc.client.subgroups import Subgroups
 from collsvc.errors import AbortedError, CollsvcError
 from collsvc.proto.v1 import coordinator_pb2
 from collsvc.types import ReduceOp
@@ -33,7 +35,7 @@ T = TypeVar("T")
 WORLD = "world"
 
 
-class Communicator(GpuSync):
+class Communicator(GpuSync, Subgroups):
     """A group of ranks that run collectives together.
 
     Attributes:
@@ -60,10 +62,10 @@ class Communicator(GpuSync):
         self._barrier_numbers = itertools.count(1)
         self._groups = 0
         self._closed = False
-        self._intra: Communicator | None = None
+        self._intra = None
         self._executor = job.executors.of(name)  # calls of this group run in issue order there
         self._repeated = RepeatedCalls(job, self._spec, name, self._check_usable, self._numbers.of(name))
-        self._inter: Communicator | None = None
+        self._inter = None
 
     def __repr__(self) -> str:
         return f"Communicator(name={self.name!r}, rank={self.rank}, size={self.size}, backend={self.backend!r})"
@@ -133,19 +135,34 @@ class Communicator(GpuSync):
         return rank
 
     # ---- collectives ------------------------------------------------------------------------------
-    def all_reduce(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
+    def all_reduce(
+        self,
+        x: Any,
+        op: ReduceOp = ReduceOp.SUM,
+        *,
+        out: Any = None,
+        async_op: bool = False,
+        compression: str | None = None,
+    ) -> Any:
         """Every rank gets the elementwise reduction of every rank's ``x``.
 
         Args:
             x: an array, or a list of arrays of one dtype (one fused transfer, returns a list).
             op: the reduction. out: where to write the result (``out is x``: in place).
             async_op: return a :class:`Work` instead of the result.
+            compression: None (exact), or "bf16", "fp16" or "minmax_uint8": the frames that cross hosts
+                travel in fewer bits, within the error docs/api.md states; every rank gets the same bits.
+                On one host the result is exact. Every rank must pass the same value.
 
         Raises:
-            TypeError: unsupported array kind or dtype, or an op/dtype pair API.md forbids.
-            ValueError: ``out`` has the wrong shape.
+            TypeError: unsupported array kind or dtype, an op/dtype pair API.md forbids, or a
+                compression of a non-float array.
+            ValueError: ``out`` has the wrong shape; an unknown compression, one with an op other than
+                SUM or AVG, or one of GPU arrays on the NCCL backend.
             CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: see API.md.
         """
+        if compression is not None:  # never the fast path, which knows exact calls only
+            return self._issue(ops.all_reduce(self._view, x, op, out=out, compression=compression), async_op=async_op)
         result = self._repeated.run("all_reduce", x, op, out, async_op)
         if result is NOT_RUN:
             result = self._learned("all_reduce", x, op, out, async_op, ops.all_reduce(self._view, x, op, out=out))
@@ -183,12 +200,24 @@ class Communicator(GpuSync):
             result = self._learned("all_gather", x, None, out, async_op, ops.all_gather(self._view, x, out=out))
         return result
 
-    def reduce_scatter(self, x: Any, op: ReduceOp = ReduceOp.SUM, *, out: Any = None, async_op: bool = False) -> Any:
-        """Rank r gets block r (along axis 0) of the reduction.
+    def reduce_scatter(
+        self,
+        x: Any,
+        op: ReduceOp = ReduceOp.SUM,
+        *,
+        out: Any = None,
+        async_op: bool = False,
+        compression: str | None = None,
+    ) -> Any:
+        """Rank r gets block r (along axis 0) of the reduction (``compression``: as all_reduce's).
 
         Raises:
             ValueError: ``x.shape[0]`` is not divisible by the size, or ``out`` has the wrong shape.
+            TypeError / ValueError: a compression all_reduce would refuse.
         """
+        if compression is not None:
+            planned = ops.reduce_scatter(self._view, x, op, out=out, compression=compression)
+            return self._issue(planned, async_op=async_op)
         result = self._repeated.run("reduce_scatter", x, op, out, async_op)
         if result is NOT_RUN:
             planned = ops.reduce_scatter(self._view, x, op, out=out)
@@ -316,67 +345,6 @@ class Communicator(GpuSync):
             ValueError: ``pack_size`` < 1 or no arrays. TypeError: as all_reduce.
         """
         return bucketing.GradientBucketer(self, list(arrays), pack_size, op)
-
-    # ---- groups -----------------------------------------------------------------------------------
-    def new_group(self, ranks: Sequence[int], name: str | None = None) -> Communicator | None:
-        """A sub-communicator of ``ranks`` (ranks of this communicator). Every rank of this communicator
-        calls it, in the same order; ranks outside ``ranks`` get None.
-
-        Raises:
-            ValueError: duplicate or out-of-range ranks, or ``name`` already names other ranks.
-        """
-        members = [self._group_rank(r, "ranks[i]") for r in ranks]
-        if not members or len(set(members)) != len(members):
-            raise ValueError(f"new_group needs distinct ranks, got {list(ranks)}")
-        with self._lock:
-            self._groups += 1
-            index = self._groups
-        group_name = name or f"{self.name}.{index}"
-        global_ranks = [self._ranks[r] for r in members]
-        self._check_usable()
-        self._job.client.new_group(group_name, global_ranks)
-        if self.rank not in members:
-            return None
-        return Communicator(self._job, group_name, global_ranks)
-
-    def find_group(self, name: str) -> list[int]:
-        """The (job-wide) ranks of the group named ``name``, or [] if there is none."""
-        return self._job.client.find_group(name)
-
-    def subgroup(self, name: str, global_ranks: Sequence[int]) -> Communicator:
-        """A communicator over the job-wide ``global_ranks``, created by those members only (unlike
-        :meth:`new_group`, which every rank of this communicator calls): each of them calls it with
-        the same ``name`` and ranks, which this process must be one of.
-
-        Raises:
-            ValueError: this process is not in ``global_ranks``, or ``name`` already names other ranks.
-            CollsvcError: the job failed, or the coordinator could not be reached in time.
-        """
-        ranks = [int(r) for r in global_ranks]
-        if self._job.rank not in ranks:
-            raise ValueError(f"rank {self._job.rank} is not among the group's ranks {ranks}")
-        self._check_usable()
-        self._job.client.new_group(name, ranks)
-        return Communicator(self._job, name, ranks)
-
-    @property
-    def intra_node(self) -> Communicator:
-        """The members of this communicator on this host."""
-        if self._intra is None:
-            hosts = self._job.hosts
-            mine = hosts[self._job.rank]
-            ranks = [r for r in self._ranks if hosts[r] == mine]
-            self._intra = self.subgroup(f"{self.name}/node{self.node_rank}", ranks)
-        return self._intra
-
-    @property
-    def inter_node(self) -> Communicator:
-        """One member per host: the host leaders (local_rank 0) for leaders; for the others, the members
-        with the same local_rank on every host that has one (Horovod's cross communicator)."""
-        if self._inter is None:
-            ranks = same_local_rank(self._ranks, self._job.hosts, self.local_rank)
-            self._inter = self.subgroup(f"{self.name}/cross{self.local_rank}", ranks)
-        return self._inter
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def abort(self, reason: str) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from collsvc.arrays import Adapted, adapt, is_writable
 from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
 from collsvc.client.operands import Operand, check_writable, empty
-from collsvc.types import ReduceOp, check_op_dtype, numpy_dtype
+from collsvc.types import ReduceOp, check_compression, check_op_dtype, numpy_dtype
 
 # ReduceOp names without Enum's Python-level property on every call.
 _OP_NAME = {op: op.name for op in ReduceOp}
@@ -89,11 +89,12 @@ def _pack(operands: list[Operand]) -> Any:
 
 
 # ---- all_reduce / broadcast (in-place shaped) ------------------------------------------------------------
-def all_reduce(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Planned:
+def all_reduce(group: GroupView, x: Any, op: ReduceOp, *, out: Any, compression: str | None = None) -> Planned:
     if isinstance(x, (list, tuple)):
-        return _fused_in_place(group, "all_reduce", x, out, op=op)
+        return _fused_in_place(group, "all_reduce", x, out, op=op, compression=compression)
     operand = _operand(group, x, out)
     check_op_dtype(op, numpy_dtype(operand.dtype))
+    wire = _compression(compression, op, operand)
     operand.check_out(operand.shape, in_place_allowed=True)
 
     def body(call: Call, backend: Backend) -> Any:
@@ -101,7 +102,23 @@ def all_reduce(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Planned:
         backend.all_reduce(call, buffer.array, op)
         return operand.finish_buffer(buffer, operand.shape)
 
-    return Planned(Signature.of("all_reduce", operand.dtype, operand.shape, _OP_NAME[op]), body, operand.on_device)
+    signature = Signature.of("all_reduce", operand.dtype, operand.shape, _OP_NAME[op], compression=wire)
+    return Planned(signature, body, operand.on_device)
+
+
+def _compression(compression: str | None, op: ReduceOp, operand: Operand) -> str:
+    """The checked ``compression`` of a reduction ("" for none), for its signature.
+
+    Raises:
+        ValueError / TypeError: as :func:`~collsvc.types.check_compression`, or GPU arrays on NCCL.
+    """
+    name = check_compression(compression, op, operand.dtype)
+    if name and operand.on_device:
+        raise ValueError(
+            f"compression={name!r} is not supported for GPU arrays on the NCCL backend (NCCL moves them "
+            "exactly); pass compression=None, or host arrays to compress the cross-host frames"
+        )
+    return name
 
 
 def broadcast(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
@@ -130,11 +147,20 @@ def broadcast(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:
 
 
 def _fused_in_place(
-    group: GroupView, name: str, xs: Sequence[Any], out: Any, *, op: ReduceOp | None = None, root: int | None = None
+    group: GroupView,
+    name: str,
+    xs: Sequence[Any],
+    out: Any,
+    *,
+    op: ReduceOp | None = None,
+    root: int | None = None,
+    compression: str | None = None,
 ) -> Planned:
     operands = _operand_list(group, xs, out, name)
+    wire = ""
     if op is not None:
         check_op_dtype(op, numpy_dtype(operands[0].dtype))
+        wire = _compression(compression, op, operands[0])
     for operand in operands:
         operand.check_out(operand.shape, in_place_allowed=True)
     total = sum(o.size for o in operands)
@@ -156,7 +182,7 @@ def _fused_in_place(
                 results.append(operand.finish(piece.copy()))
         return results
 
-    signature = Signature.of(name, operands[0].dtype, (len(operands), total), _OP_NAME[op] if op else "", root)
+    signature = Signature.of(name, operands[0].dtype, (len(operands), total), _OP_NAME[op] if op else "", root, wire)
     return Planned(signature, body, operands[0].on_device)
 
 
@@ -231,9 +257,10 @@ def reduce(group: GroupView, x: Any, dst: int, op: ReduceOp, *, out: Any) -> Pla
     return Planned(Signature.of("reduce", operand.dtype, operand.shape, _OP_NAME[op], dst), body, operand.on_device)
 
 
-def reduce_scatter(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Planned:
+def reduce_scatter(group: GroupView, x: Any, op: ReduceOp, *, out: Any, compression: str | None = None) -> Planned:
     operand = _operand(group, x, out)
     check_op_dtype(op, numpy_dtype(operand.dtype))
+    wire = _compression(compression, op, operand)
     block_shape = _split_rows(operand.shape, group.size, "reduce_scatter")
     operand.check_out(block_shape, in_place_allowed=False)
 
@@ -242,7 +269,8 @@ def reduce_scatter(group: GroupView, x: Any, op: ReduceOp, *, out: Any) -> Plann
         backend.reduce_scatter(call, operand.flat(), buffer.array, op)
         return operand.finish_buffer(buffer, block_shape)
 
-    return Planned(Signature.of("reduce_scatter", operand.dtype, operand.shape, _OP_NAME[op]), body, operand.on_device)
+    signature = Signature.of("reduce_scatter", operand.dtype, operand.shape, _OP_NAME[op], compression=wire)
+    return Planned(signature, body, operand.on_device)
 
 
 def scatter(group: GroupView, x: Any, src: int, *, out: Any) -> Planned:

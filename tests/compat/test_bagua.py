@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 
 from tests.harness import coordinator, run_ranks  # noqa: E402
 
-# ByteGrad's 8-bit codes perturb each step's gradient by up to ~1/255 of a chunk's range: over
-# STEPS steps of this model the loss stays within this fraction of full-precision training's.
+# ByteGrad's 8-bit codes (between hosts; these ranks share one) perturb each step's gradient by up to
+# ~1/255 of a chunk's range: over STEPS steps the loss stays within this fraction of exact training's.
 BYTEGRAD_RTOL = 0.05
 ALLREDUCE_RTOL = 1e-5
 STEPS = 15
@@ -262,12 +262,24 @@ def check_curves(curves: list[list[float]], reference: list[float], rtol: float)
         assert abs(got - want) <= rtol * want, f"step {step}: loss {got} vs full-batch {want} (rtol {rtol})"
 
 
-def test_bytegrad_codes_follow_bagua_minmax_uint8() -> None:
-    from collsvc.compat.bagua.algorithms.bytegrad import compress, decompress
+def bytegrad_across_hosts(comm: Any) -> list[Any]:
+    from collsvc.compat.bagua.algorithms.bytegrad import ByteGradAlgorithm
 
-    rows = torch.tensor([[-1.0, 0.0, 0.5, 1.0], [2.0, 2.0, 2.0, 2.0]])
-    packed = compress(rows)
-    assert packed.dtype == torch.uint8 and packed.shape == (2, 12)
-    assert packed[0, 8:].tolist() == [0, 127, 191, 255]
-    error = (decompress(packed) - rows).abs()
-    assert float(error[0].max()) <= 2.0 / 510 + 1e-6 and float(error[1].max()) == 0.0
+    grads = [torch.linspace(-1, 1, 5000) * (comm.rank + 1), torch.arange(6, dtype=torch.int64)]
+    ByteGradAlgorithm(average=False).reduce(grads, comm)
+    return [g.numpy() for g in grads]
+
+
+def test_bytegrad_compresses_between_hosts_with_bagua_minmax_uint8() -> None:
+    """Two fake hosts: the float gradients cross as 8-bit codes (within two half code steps of the exact
+    sum, not equal to it, the same on both ranks); integer ones stay exact."""
+    with coordinator() as (_, address):
+        result = run_ranks(
+            bytegrad_across_hosts, 2, address=address, rank_env=lambda r: {"COLLSVC_HOST": f"host{r}"}, timeout=120
+        )
+    exact = torch.linspace(-1, 1, 5000).numpy() * 3
+    floats = [value[0] for value in result.values]
+    assert floats[0].tobytes() == floats[1].tobytes()
+    assert not (floats[0] == exact).all()
+    assert abs(floats[0] - exact).max() <= (2 + 4 + 6) / 510 + 1e-6  # (max - min) / 510: each rank, the sum
+    assert all((value[1] == torch.arange(6).numpy() * 2).all() for value in result.values)

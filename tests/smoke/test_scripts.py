@@ -167,6 +167,10 @@ SMOKE: dict[str, Smoke] = {
         "cross_host: skipped" if os.geteuid() != 0 else "| bare | 1 | 4 KiB |",
         needs=("torch",),
     ),
+    "benchmarks/compressed_wire.py": Smoke(  # without root it says it skipped, which the expected line allows
+        ("benchmarks/compressed_wire.py", "--sizes", "64K", "--iters", "1", "--repeats", "1", "--per-host", "1"),
+        "compressed_wire: skipped" if os.geteuid() != 0 else "| 1 | 64 KiB |",
+    ),
     "benchmarks/torch_cuda.py": Smoke(
         ("benchmarks/torch_cuda.py", "--sizes", "4K", "--iters", "2", "--repeats", "1"), "", needs=("torch",)
     ),

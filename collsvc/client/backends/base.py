@@ -29,7 +29,8 @@ from collsvc.types import ReduceOp
 class Signature:
     """What a rank called at one sequence number; equal on every rank or it is a mismatch.
 
-    ``root`` is None for rootless collectives; ``reduce_op`` is "" where no reduction applies.
+    ``root`` is None for rootless collectives; ``reduce_op`` is "" where no reduction applies;
+    ``compression`` names the lossy wire of a reduction that asked for one ("" for an exact wire).
     """
 
     op: str
@@ -37,16 +38,21 @@ class Signature:
     shape: tuple[int, ...]
     reduce_op: str = ""
     root: int | None = None
+    compression: str = ""
 
     def describe(self) -> dict[str, Any]:
-        """The signature as a JSON-able dict (used in CollectiveMismatchError.details)."""
-        return {
+        """The signature as a JSON-able dict (used in CollectiveMismatchError.details); ``compression``
+        only where a call asked for one, so exact calls keep the digests they always had."""
+        described: dict[str, Any] = {
             "op": self.op,
             "dtype": self.dtype,
             "shape": list(self.shape),
             "reduce_op": self.reduce_op,
             "root": self.root,
         }
+        if self.compression:
+            described["compression"] = self.compression
+        return described
 
     def encode(self) -> bytes:
         """Compact JSON bytes, sent with a call's frames so a receiver can name the difference."""
@@ -59,7 +65,7 @@ class Signature:
     @functools.cached_property
     def text(self) -> str:
         """The call as people read it in logs, status, errors and timelines: ``all_reduce(float32[8], SUM)``."""
-        return _call_text(self.op, self.dtype, f"{list(self.shape)}", self.reduce_op, self.root)
+        return _call_text(self.op, self.dtype, f"{list(self.shape)}", self.reduce_op, self.root, self.compression)
 
     def __hash__(self) -> int:
         # The generated hash would hash every field on each call; signatures are dictionary keys on
@@ -72,21 +78,29 @@ class Signature:
         return int.from_bytes(hashlib.blake2b(self._encoded, digest_size=8).digest(), "little")
 
     @classmethod
-    def of(cls, op: str, dtype: str, shape: tuple[int, ...], reduce_op: str = "", root: int | None = None) -> Signature:
+    def of(
+        cls,
+        op: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        reduce_op: str = "",
+        root: int | None = None,
+        compression: str = "",
+    ) -> Signature:
         """The signature, shared with earlier calls that had the same one: a training loop repeats a few
         signatures, so its encoding, digest and text are computed once, not per call."""
-        key = (op, dtype, shape, reduce_op, root)
+        key = (op, dtype, shape, reduce_op, root, compression)
         known = _INTERNED.get(key)
         if known is None:
             if len(_INTERNED) >= _INTERNED_LIMIT:
                 _INTERNED.clear()
-            known = _INTERNED[key] = cls(op, dtype, shape, reduce_op, root)
+            known = _INTERNED[key] = cls(op, dtype, shape, reduce_op, root, compression)
         return known
 
 
 # The signatures Signature.of handed out most recently (bounded: a job with ever-changing shapes
 # starts over rather than growing).
-_INTERNED: dict[tuple[str, str, tuple[int, ...], str, int | None], Signature] = {}
+_INTERNED: dict[tuple[str, str, tuple[int, ...], str, int | None, str], Signature] = {}
 _INTERNED_LIMIT = 1024
 
 
@@ -240,10 +254,15 @@ class Backend(Protocol):
         ...
 
 
-def _call_text(op: str, dtype: str, shape: str, reduce_op: str, root: int | None) -> str:
+def _call_text(op: str, dtype: str, shape: str, reduce_op: str, root: int | None, compression: str = "") -> str:
     if not dtype:
         return op
-    extras = [e for e in (reduce_op or None, None if root is None else f"root={root}") if e]
+    options = (
+        reduce_op or None,
+        None if root is None else f"root={root}",
+        compression and f"compression={compression}",
+    )
+    extras = [e for e in options if e]
     return f"{op}({dtype}{shape}{''.join(', ' + e for e in extras)})"
 
 
@@ -254,7 +273,12 @@ def describe_call(call: Mapping[str, Any] | str) -> str:
         return str(call)
     shape = f"{list(call['shape'])}" if "shape" in call else f" x{call.get('count', '?')}"
     return _call_text(
-        str(call.get("op", "?")), call.get("dtype", ""), shape, call.get("reduce_op", ""), call.get("root")
+        str(call.get("op", "?")),
+        call.get("dtype", ""),
+        shape,
+        call.get("reduce_op", ""),
+        call.get("root"),
+        str(call.get("compression", "")),
     )
 
 

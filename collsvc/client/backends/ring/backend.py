@@ -8,21 +8,26 @@ member of a call takes the same one:
 - several hosts with several members on some host: hierarchical all_reduce (local reduce, leaders'
   all_reduce over gRPC, local broadcast);
 - everything else: the algorithms in ``algorithms.py`` over gRPC channels.
+
+all_reduce and reduce_scatter calls with ``compression`` compress the frames that cross hosts
+(``compressed.py``): the leaders' exchange of a hierarchical all_reduce, every frame of a flat group
+over several hosts. On one host they run exactly as without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.base import Backend, Call, Channel, GroupSpec, mismatch_error
+from collsvc.client.backends.base import Backend, Call, Channel, GroupSpec
 from collsvc.client.backends.reduction import finish_average, reduced_as
-from collsvc.client.backends.ring import algorithms
+from collsvc.client.backends.ring import algorithms, compressed
+from collsvc.client.backends.ring.agreement import agree
+from collsvc.client.backends.ring.compression import codec
 from collsvc.client.backends.ring.global_ranks import in_global_ranks
 from collsvc.client.backends.ring.host_barrier import pass_for_host
 from collsvc.client.backends.ring.topology import Topology, plan
@@ -34,8 +39,6 @@ from collsvc.types import ReduceOp
 # Chunk of the hierarchical all_reduce pipeline: big enough that per-chunk overheads stay small,
 # small enough that the cross-host transfer of one chunk overlaps the host-local work on the next.
 PIPELINE_CHUNK_BYTES = 4 << 20
-# Bytes per member in the signature agreement of rooted calls over gRPC (digest + signature JSON).
-AGREEMENT_BYTES = 256
 
 
 class RingBackend:
@@ -123,31 +126,10 @@ class RingBackend:
         """
 
         def agreed(ch: Channel) -> None:
-            self._agree(ch, call)
+            agree(ch, call)
             body(ch)
 
         self._run(call, agreed if self._rooted_agreement else body)
-
-    @staticmethod
-    def _agree(ch: Channel, call: Call) -> None:
-        mine = call.signature.encode()[: AGREEMENT_BYTES - 8]
-        src = np.zeros(AGREEMENT_BYTES, np.uint8)
-        src[:8] = np.frombuffer(call.signature.digest.to_bytes(8, "little"), np.uint8)
-        src[8 : 8 + len(mine)] = np.frombuffer(mine, np.uint8)
-        rows = np.empty(ch.size * AGREEMENT_BYTES, np.uint8)
-        algorithms.all_gather(ch, src, rows)
-        table = rows.reshape(ch.size, AGREEMENT_BYTES)
-        digests = [int.from_bytes(table[i, :8].tobytes(), "little") for i in range(ch.size)]
-        if all(d == call.signature.digest for d in digests):
-            return
-        details: dict[int, Any] = {}
-        for i, rank in enumerate(call.group.ranks):
-            raw = table[i, 8:].tobytes().rstrip(b"\0")
-            try:
-                details[rank] = json.loads(raw.decode())
-            except ValueError:
-                details[rank] = {"digest": f"{digests[i]:016x}"}
-        raise mismatch_error(call, details)
 
     def _run(self, call: Call, body: Callable[[Channel], Any]) -> None:
         channel = self._channel_for(call)
@@ -166,17 +148,28 @@ class RingBackend:
         inner = reduced_as(op)
         topo = self._topology(call.group)
         shared = self._shared(call, topo)
+        wire = self._wire(call, topo, op)
         if shared is not None:
             try:
                 shared.all_reduce(buf, inner, call.deadline, digest=call.signature.digest)
             except (CollectiveMismatchError, CollectiveTimeoutError) as exc:
                 raise in_global_ranks(call, self._local_ranks(call), exc) from exc
         elif topo is not None and self._use_hierarchy(topo):
-            self._hierarchical_all_reduce(call, buf, inner, topo)
+            self._hierarchical_all_reduce(call, buf, inner, topo, wire)
+        elif wire is not None:
+            self._run(call, lambda ch: compressed.all_reduce(ch, buf, wire))
         else:
             self._run(call, lambda ch: algorithms.all_reduce(ch, buf, inner, **self._small))
-        if op is ReduceOp.AVG:
+        if op is ReduceOp.AVG and wire is None:  # a compressed wire averages by itself
             finish_average(buf, call.group.size)
+
+    @staticmethod
+    def _wire(call: Call, topo: Topology | None, op: ReduceOp) -> compressed.Wire | None:
+        """How the call's cross-host frames are compressed: None without ``compression`` or on one host."""
+        name = call.signature.compression
+        if not name or (topo is not None and topo.single_host):
+            return None
+        return compressed.Wire(codec(name), call.group.size, op is ReduceOp.AVG)
 
     def existing_shared(self, group: GroupSpec, key: str) -> tuple[LocalGroup, CallWatch, tuple[int, ...]] | None:
         """The shared-memory group an earlier call of stream ``key`` of ``group`` made, with its watch and
@@ -193,8 +186,11 @@ class RingBackend:
             return False
         return self._hierarchical == "always" or topo.hierarchical_pays
 
-    def _hierarchical_all_reduce(self, call: Call, buf: np.ndarray, op: ReduceOp, topo: Topology) -> None:
-        """Local reduce -> leaders' all_reduce across hosts -> local broadcast, pipelined by chunk.
+    def _hierarchical_all_reduce(
+        self, call: Call, buf: np.ndarray, op: ReduceOp, topo: Topology, wire: compressed.Wire | None
+    ) -> None:
+        """Local reduce -> leaders' all_reduce across hosts (over ``wire`` when compressed) -> local
+        broadcast, pipelined by chunk.
 
         For each chunk k, in the same order on every member of a host: reduce chunk k to the host
         leader, then broadcast chunk k-1 once its cross-host all_reduce finished. The leader runs the
@@ -231,7 +227,10 @@ class RingBackend:
             lo, hi = bounds[k]
             part = buf[lo:hi]
             sub = self._sub_call(call, f"/leaders/{k}", topo.leaders, me)
-            self._run(sub, lambda ch: algorithms.all_reduce(ch, part, op, **self._small))
+            if wire is not None:
+                self._run(sub, lambda ch: compressed.all_reduce(ch, part, wire))
+            else:
+                self._run(sub, lambda ch: algorithms.all_reduce(ch, part, op, **self._small))
 
         def finish(k: int) -> None:
             if topo.leader_index is not None:
@@ -300,12 +299,17 @@ class RingBackend:
     def reduce_scatter(self, call: Call, src: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
         inner = reduced_as(op)
         digest = call.signature.digest
+        wire = self._wire(call, self._topology(call.group), op)
         self._dispatch(
             call,
             lambda shared: shared.reduce_scatter(src, out, inner, call.deadline, digest=digest),
-            lambda ch: algorithms.reduce_scatter(ch, src, out, inner),
+            lambda ch: (
+                algorithms.reduce_scatter(ch, src, out, inner)
+                if wire is None
+                else compressed.reduce_scatter(ch, src, out, wire)
+            ),
         )
-        if op is ReduceOp.AVG:
+        if op is ReduceOp.AVG and wire is None:
             finish_average(out, call.group.size)
 
     def gather(self, call: Call, src: np.ndarray, out: np.ndarray | None, root: int) -> None:
