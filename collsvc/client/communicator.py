@@ -12,7 +12,6 @@ import functools
 import itertools
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -300,15 +299,11 @@ class Communicator(GpuSync, Subgroups):
             return
 
         def body(call: Call, backend: Backend) -> None:
-            # In the data plane where the group allows (shared memory on one host: microseconds, and
-            # a rank that called another collective instead is named as a mismatch; over several
-            # hosts, one coordinator call per host); else through the coordinator, which names who
-            # never arrived.
-            def across_hosts(others: Sequence[int]) -> None:
-                remaining = max(call.deadline - time.monotonic(), 0.001)
-                self._job.client.barrier(self.name, self._job.rank, generation, remaining, on_behalf_of=others)
-
-            if not backend.barrier(call, across_hosts):
+            # In the data plane where the group allows (shared memory on one host: microseconds;
+            # over several hosts, empty frames among the hosts' leaders; a rank that called another
+            # collective instead is named as a mismatch); else through the coordinator. Who never
+            # arrived is named either way (the Job asks the coordinator after a data-plane timeout).
+            if not backend.barrier(call):
                 self._job.client.barrier(self.name, self._job.rank, generation, wait)
 
         self._issue(ops.Planned(BARRIER, body, on_gpu=False), timeout=wait)

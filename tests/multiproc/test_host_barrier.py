@@ -1,6 +1,6 @@
 """Barriers of groups over several hosts: the members of a host meet in shared memory and one of them
-passes the coordinator's barrier for all of them. Real ranks, a real coordinator; hosts are told apart
-by COLLSVC_HOST, as on separate machines."""
+passes a barrier among the hosts' leaders over the data plane for all of them (no coordinator call).
+Real ranks, a real coordinator; hosts are told apart by COLLSVC_HOST, as on separate machines."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def barriers_then_count(comm: collsvc.Communicator, port: int, rounds: int) -> f
     return value(samples, "collsvc_barrier_wait_seconds_count", job=comm.job.options.job_id, group="world")
 
 
-@pytest.mark.parametrize(("hosts", "calls_per_barrier"), [("AABB", 2), ("AAAB", 2), ("ABC", 3)])
-def test_a_barrier_costs_one_coordinator_call_per_host(hosts: str, calls_per_barrier: int) -> None:
+@pytest.mark.parametrize("hosts", ["AABB", "AAAB", "ABC"])
+def test_a_barrier_over_hosts_calls_no_coordinator(hosts: str) -> None:
     rounds = 5
     with coordinator(metrics_port=0) as (thread, address):
         outcome = run_ranks(
@@ -53,7 +53,7 @@ def test_a_barrier_costs_one_coordinator_call_per_host(hosts: str, calls_per_bar
             rank_env=hosts_env(hosts),
             timeout=90,
         )
-    assert outcome.values[0] == rounds * calls_per_barrier
+    assert not outcome.values[0]  # no coordinator barrier completed (the metric is 0 or absent)
 
 
 def one_rank_stays_away(comm: collsvc.Communicator, absent: int) -> dict[str, Any]:

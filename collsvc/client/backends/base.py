@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -233,13 +233,8 @@ class Backend(Protocol):
 
     def recv(self, call: Call, out: Any, src: int) -> None: ...
 
-    def barrier(self, call: Call, across_hosts: Callable[[Sequence[int]], None]) -> bool:
+    def barrier(self, call: Call) -> bool:
         """Runs a barrier of ``call``'s group in the data plane, where this backend can.
-
-        Args:
-            call: the barrier call.
-            across_hosts: passes the coordinator's barrier as this member and for the given members
-                of this host too (for a backend that gathers a host's members first).
 
         Returns:
             True once every member arrived; False, at once, when the backend has no data-plane barrier

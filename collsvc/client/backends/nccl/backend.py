@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from collsvc.client.backends.base import Backend, Call
@@ -261,7 +261,7 @@ class NcclBackend(Launcher):
 
     # ----------------------------------------------------------------- lifecycle
 
-    def barrier(self, call: Call, across_hosts: Callable[[Sequence[int]], None]) -> bool:
+    def barrier(self, call: Call) -> bool:
         """No data-plane barrier here: barriers are host-side calls (the ring's or the coordinator's)."""
         return False
 

@@ -41,6 +41,7 @@ from collsvc.client.backends.ring.algorithms_direct import (
     direct_recv,
     direct_scatter,
     direct_send,
+    dissemination_barrier,
 )
 from collsvc.client.backends.ring.algorithms_ring import (
     chain_broadcast,
@@ -58,6 +59,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_to_all",
+    "barrier",
     "broadcast",
     "gather",
     "recv",
@@ -328,6 +330,15 @@ def recv(ch: Channel, out: np.ndarray, src: int, *, chunk_bytes: int = DEFAULT_C
     """
     _check_root(ch, src, "src")
     direct_recv(ch, out, src, elements_per_chunk(out.dtype, chunk_bytes))
+
+
+def barrier(ch: Channel) -> None:
+    """Returns once every member of ``ch`` entered (empty frames, ``ceil(log2 n)`` rounds).
+
+    Raises:
+        CollectiveMismatchError, CollectiveTimeoutError, RankFailedError, AbortedError: from the channel.
+    """
+    dissemination_barrier(ch)
 
 
 def _check_pair(src: np.ndarray, out: np.ndarray, lengths_ok: bool, message: str) -> None:

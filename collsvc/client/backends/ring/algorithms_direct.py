@@ -9,6 +9,7 @@ import numpy as np
 from collsvc.client.backends.base import Channel
 from collsvc.client.backends.ring.algorithms_common import (
     PHASE_ALL_TO_ALL,
+    PHASE_BARRIER,
     PHASE_GATHER,
     PHASE_P2P,
     PHASE_SCATTER,
@@ -108,3 +109,21 @@ def direct_recv(ch: Channel, out: np.ndarray, src: int, per_chunk: int) -> None:
     """
     check_steps(1, chunk_count(out.shape[0], per_chunk))
     recv_chunked(ch, src, PHASE_P2P, out, per_chunk)
+
+
+def dissemination_barrier(ch: Channel) -> None:
+    """Returns once every member entered: in round ``k`` member ``r`` sends an empty frame to
+    ``r + 2**k`` and waits for the one from ``r - 2**k`` (mod n), so after ``ceil(log2 n)`` rounds
+    each has heard, directly or not, from every other (Hensgen, Finkel and Manber's dissemination
+    barrier). Every frame carries the call's signature: a member in another call is a mismatch.
+
+    Raises:
+        CollectiveMismatchError, CollectiveTimeoutError, RankFailedError, AbortedError: from the channel.
+    """
+    n, r = ch.size, ch.rank
+    empty = np.empty(0, np.uint8)
+    distance, round_ = 1, 0
+    while distance < n:
+        send_array(ch, (r + distance) % n, step_id(PHASE_BARRIER, round_), empty)
+        recv_array(ch, (r - distance) % n, step_id(PHASE_BARRIER, round_), empty.dtype, 0)
+        distance, round_ = distance * 2, round_ + 1

@@ -17,7 +17,8 @@ over several hosts. On one host they run exactly as without it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -344,29 +345,33 @@ class RingBackend:
     def recv(self, call: Call, out: np.ndarray, src: int) -> None:
         self._run(call, lambda ch: algorithms.recv(ch, out, src))
 
-    def barrier(self, call: Call, across_hosts: Callable[[Sequence[int]], None]) -> bool:
-        """A barrier in the data plane where shared memory allows: for a group on this host, a
-        shared-memory barrier (tens of microseconds, no coordinator); for a group over several hosts,
-        one coordinator call per host (``host_barrier.pass_for_host``). False, at once, without shared
-        memory: the caller then passes the coordinator's barrier itself."""
+    def barrier(self, call: Call) -> bool:
+        """A barrier in the data plane where the group allows: on this host, a shared-memory barrier
+        (tens of microseconds); over several hosts, a dissemination barrier over the peers' lanes among
+        the hosts' leaders, each host's members meeting in shared memory first
+        (``host_barrier.pass_for_host``), or among every member where each host has one or shared
+        memory is off. False, at once, for a group of one host without shared memory: the caller then passes
+        the coordinator's barrier."""
         topo = self._topology(call.group)
         shared = self._shared(call, topo)
         digest = call.signature.digest
         if shared is not None:
             self._local(call, self._local_ranks(call), lambda: shared.barrier(call.deadline, digest=digest))
             return True
-        if topo is None or self._local_groups is None or call.group.size == 1:
+        if topo is None or call.group.size == 1 or (self._local_groups is None and topo.hosts < 2):
             return False
-        if len(topo.local) == 1:
-            across_hosts(())
+        if self._local_groups is None or len(topo.leaders) == call.group.size:  # the same choice on every host
+            self._run(call, algorithms.barrier)
             return True
         me = call.group.ranks[call.group.index]
         host = self._local_groups.get(self._sub_call(call, "/host", topo.local, me), topo.local, topo.local_index)
-        self._local(
-            call,
-            topo.local,
-            lambda: pass_for_host(host, topo.local, topo.local_index, across_hosts, call.deadline, digest),
-        )
+        leaders = topo.leaders  # only the host's leader (in them) crosses: across() runs there alone
+
+        def across() -> None:
+            self._run(self._sub_call(call, "/leaders", leaders, me), algorithms.barrier)
+
+        passing = functools.partial(pass_for_host, host, topo.local, topo.local_index, across, call.deadline, digest)
+        self._local(call, topo.local, passing)
         return True
 
     def close(self) -> None:

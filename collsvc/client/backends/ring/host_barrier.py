@@ -1,13 +1,13 @@
-"""A barrier over several hosts with one coordinator call per host, not one per rank.
+"""A barrier over several hosts that only the hosts' leaders pass across them.
 
 The members of the group on this host first pass a shared-memory barrier among themselves. Then the
-first of them (the host's leader) passes the coordinator's barrier for all of them (``across_hosts``
-with the others' ranks: the coordinator accepts that only for members of the caller's own host) and
-tells the others how it went through a shared-memory broadcast: an empty answer when it passed, the
-error otherwise (its type and attributes survive, see :func:`collsvc.errors.error_details`).
+first of them (the host's leader) passes the barrier among the leaders (``across_hosts``: a
+dissemination barrier over the peers' lanes) and tells the others how it went through a shared-memory
+broadcast: an empty answer when it passed, the error otherwise (its type and attributes survive, see
+:func:`collsvc.errors.error_details`).
 
-Nothing is blamed falsely: a member that never arrives keeps its host's leader away from the
-coordinator, so the others' timeouts first name its whole host; the Job then asks the coordinator who
+Nothing is blamed falsely: a member that never arrives keeps its host's leader from the leaders'
+barrier, so the others' timeouts first name its host's leader; the Job then asks the coordinator who
 never started the call (progress from heartbeats), which names that one member.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 
 from collsvc.errors import CollsvcError, build_error, error_details, reason_for
 
-# How long past the call's deadline the other members wait for the leader's answer: its coordinator
-# call may itself outlast the deadline (the server answers at the deadline, the reply travels, and a
-# restarting coordinator is retried for a few seconds more).
+# How long past the call's deadline the other members wait for the leader's answer: the leaders'
+# barrier ends at the deadline, and its answer (with the Job's question to the coordinator of who never
+# started the call) may come a few seconds later on a loaded machine.
 ANSWER_GRACE = 15.0
 
 
@@ -55,31 +55,31 @@ def pass_for_host(
     host: HostGroup,
     local: Sequence[int],
     local_index: int,
-    across_hosts: Callable[[Sequence[int]], None],
+    across_hosts: Callable[[], None],
     deadline: float,
     digest: int,
 ) -> None:
-    """Passes a barrier of a group that spans hosts: this host's members together, then its leader at
-    the coordinator for all of them.
+    """Passes a barrier of a group that spans hosts: this host's members together, then its leader
+    with the other hosts' leaders for all of them.
 
     Args:
         host: the shared-memory group of this host's members of the group.
         local: their global ranks, in group order (the first leads).
         local_index: this member's position in ``local``.
-        across_hosts: passes the coordinator's barrier as this member and for the given members too.
+        across_hosts: passes the barrier among the hosts' leaders (run by this host's leader only).
         deadline: the call's deadline (``time.monotonic()``).
         digest: the call's signature digest (for the shared-memory mismatch check).
 
     Raises:
         CollectiveTimeoutError / CollectiveMismatchError: from this host's barrier.
-        CollsvcError: the coordinator's barrier failed (on the leader as raised, on the others as sent).
+        CollsvcError: the leaders' barrier failed (on the leader as raised, on the others as sent).
     """
     host.barrier(deadline, digest=digest)
     length = np.zeros(1, np.int64)
     answer_by = deadline + ANSWER_GRACE
     if local_index == 0:
         try:
-            across_hosts(local[1:])
+            across_hosts()
         except Exception as exc:
             blob = encode_error(exc)
             length[0] = len(blob)
