@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import grpc
 import numpy as np
@@ -188,11 +189,7 @@ def test_a_lane_this_side_closed_reports_nothing(pair: tuple[Peer, Peer]) -> Non
 def test_timeout_maps_to_collective_timeout(pair: tuple[Peer, Peer]) -> None:
     a, b = pair
     transport = transport_of(a, b)
-    future = LaneConnection.__new__(LaneConnection)  # only for the error mapping below
-    del future
     try:
-        from concurrent.futures import Future
-
         late: Future[bytes] = Future()
         late.set_exception(LaneError(grpc.StatusCode.DEADLINE_EXCEEDED, "took no data"))
         assert isinstance(transport.delivery_error(1, late), CollectiveTimeoutError)

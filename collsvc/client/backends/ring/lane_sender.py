@@ -35,7 +35,6 @@ from collsvc.client.backends.ring.lane_wire import (
     tune,
 )
 
-HEADER_BYTES = HEADER.size
 # A write blocked on a peer that does not read looks up at least this often whether the rank recorded a
 # failure meanwhile (a coordinator event names the cause better than the call's deadline would).
 WRITE_CHECK_SECONDS = 0.2
@@ -113,8 +112,6 @@ class LaneConnection:
                 self._write([memoryview(header), payload], deadline, failure)
             except LaneError as exc:
                 return _finished(self._break(exc))
-            except OSError as exc:
-                return _finished(self._break(self._lost(exc)))
             except BaseException:
                 self._break(LaneError(grpc.StatusCode.CANCELLED, "a write was abandoned half-way"))
                 raise
@@ -127,23 +124,31 @@ class LaneConnection:
             if self._broken is not None:
                 return None
             drained = self._drained = threading.Event()
-            marker = memoryview(DRAIN_MAGIC + bytes(HEADER_BYTES - len(DRAIN_MAGIC)))
+            marker = memoryview(DRAIN_MAGIC + bytes(HEADER.size - len(DRAIN_MAGIC)))
             try:
                 self._write([marker], deadline, lambda: None)
-            except (LaneError, OSError) as exc:
-                self._break(exc if isinstance(exc, LaneError) else self._lost(exc))
+            except LaneError as exc:
+                self._break(exc)
                 return None
         return drained
 
     def _write(self, buffers: list[memoryview], deadline: float, failure: Callable[[], BaseException | None]) -> None:
+        """Writes every buffer, waiting for room with :meth:`_wait_writable`.
+
+        Raises:
+            LaneError: the deadline passed (DEADLINE_EXCEEDED) or the connection broke (UNAVAILABLE).
+            BaseException: the failure recorded meanwhile.
+        """
         buffers = [buffer for buffer in buffers if len(buffer)]
         while buffers:
             try:
-                # MSG_DONTWAIT: this write never blocks, while the acknowledgement thread's reads on the
-                # same (blocking) socket do.
+                # MSG_DONTWAIT: this write never blocks, while the watch thread's reads on the same
+                # (blocking) socket do.
                 sent = self._sock.sendmsg(buffers, [], socket.MSG_DONTWAIT)
             except BlockingIOError:
                 sent = 0
+            except OSError as exc:
+                raise self._lost(exc) from exc
             while sent:  # drop what went out; a buffer sent in part keeps its rest
                 if sent >= len(buffers[0]):
                     sent -= len(buffers[0])
