@@ -58,12 +58,19 @@ class RankFailedError(JobBrokenError):
     Attributes:
         ranks: the global ranks that failed or left.
         hosts: the hosts those ranks ran on (same order as ``ranks``; "" where unknown).
+        unreachable: True when ``ranks`` were out of reach rather than reported dead: a delivery to
+            them failed (this rank's own, or, for a member that left after one, that member's).
+            They may be dead, or running behind a path that dropped the traffic (the message says
+            which, when the coordinator knew them to be running).
     """
 
-    def __init__(self, message: str, ranks: Sequence[int] = (), hosts: Sequence[str] = ()) -> None:
+    def __init__(
+        self, message: str, ranks: Sequence[int] = (), hosts: Sequence[str] = (), *, unreachable: bool = False
+    ) -> None:
         super().__init__(message)
         self.ranks: list[int] = list(ranks)
         self.hosts: list[str] = list(hosts)
+        self.unreachable = unreachable
 
 
 class CollectiveTimeoutError(CollsvcError):

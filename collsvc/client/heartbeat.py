@@ -42,14 +42,18 @@ _RETRIABLE = (
 )
 
 
-def event_error(event: coordinator_pb2.WatchEvent, own_rank: int | None = None) -> BaseException | None:
-    """The exception a job event means for process ``own_rank`` (None: a bystander's view), or None
-    for informational events.
+def event_error(
+    event: coordinator_pb2.WatchEvent, own_rank: int | None = None, own_host: str | None = None
+) -> BaseException | None:
+    """The exception a job event means for process ``own_rank`` on ``own_host`` (None: a bystander's
+    view from nowhere), or None for informational events.
 
     A member that left because its collective failed on this very rank (a link between the two that
     dropped its traffic while both reached the coordinator, or this process stopped or starved for
     longer than the call's timeout) is named instead: this process is running, so it is not the peer
     that failed, and an error naming the rank that raises it would send its user looking at itself.
+    A member that left because it could not reach ranks the coordinator knew to be running is a cut
+    link between hosts (:func:`cut_link_error`): each rank names the link's far end from where it runs.
     """
     ranks, hosts = list(event.ranks), list(event.hosts)
     where = ", ".join(f"{r} ({h})" if h else str(r) for r, h in zip(ranks, hosts or [""] * len(ranks), strict=False))
@@ -65,6 +69,9 @@ def event_error(event: coordinator_pb2.WatchEvent, own_rank: int | None = None) 
                 f"or starved for longer than the call's timeout; its error: {reason or 'not told'}",
                 sorted({*ranks, *others}),
             )
+        running = left_running(event)
+        if own_rank is not None and any(rank in running for rank in cause):
+            return cut_link_error(event, where, reason, running, own_host)
         if cause and reason:
             # It ended because its collective failed on these ranks (failed, left or late): its error says how.
             return RankFailedError(f"rank {where} left the job after its collective failed: {reason}", cause)
@@ -91,6 +98,38 @@ def left_cause(event: coordinator_pb2.WatchEvent) -> tuple[list[int], str]:
         return [int(rank) for rank in details.get("cause", [])], str(details.get("cause_reason", ""))
     except (ValueError, AttributeError, TypeError):
         return [], ""
+
+
+def left_running(event: coordinator_pb2.WatchEvent) -> dict[int, str]:
+    """Of the ranks a departed member could not reach, those the coordinator knew to be running on
+    another host when it left (rank -> host; see ``hub.running_across_hosts``)."""
+    try:
+        raw = json.loads(event.details_json or "{}").get("running", {})
+        return {int(rank): str(host) for rank, host in raw.items()}
+    except (ValueError, AttributeError, TypeError):
+        return {}
+
+
+def cut_link_error(
+    event: coordinator_pb2.WatchEvent, where: str, reason: str, running: dict[int, str], own_host: str | None
+) -> RankFailedError:
+    """A bystander's error for a member that left because the path to running ranks broke: a rank on
+    the departed member's host names the running ranks, one on their host names the departed member
+    (the far side, seen from each), one on a third host (or of unknown host) names both."""
+    departed = dict(zip(event.ranks, event.hosts or [""] * len(event.ranks), strict=False))
+    if own_host is not None and own_host in running.values():
+        named = departed
+    elif own_host is not None and own_host in departed.values():
+        named = running
+    else:
+        named = {**departed, **running}
+    ends = ", ".join(f"{rank} ({host})" for rank, host in sorted(running.items()))
+    message = (
+        f"rank {where} left the job after its collective failed: {reason or 'not told'}; the coordinator "
+        f"still heard from rank {ends} then, so the path between them dropped the traffic (a cut link)"
+    )
+    ranks = sorted(named)
+    return RankFailedError(message, ranks, [named[rank] for rank in ranks], unreachable=True)
 
 
 def left_progress(event: coordinator_pb2.WatchEvent) -> dict[int, dict[str, int]]:
@@ -123,6 +162,7 @@ class Watcher:
         client: CoordinatorClient,
         rank: int,
         *,
+        host: str | None = None,
         interval: float,
         progress: ProgressTracker,
         failure: FailureState,
@@ -133,6 +173,7 @@ class Watcher:
         self._client = client
         self._stats = stats  # per-(op, group) running totals for the coordinator's metrics
         self._rank = rank
+        self._host = host  # where this rank runs: a cut link is named by its far end from here
         self._interval = interval
         self._progress = progress
         self._failure = failure
@@ -241,7 +282,7 @@ class Watcher:
         if event.kind == Events.EVENT_KIND_PROGRESS_WANTED:  # a peer timed out: who started what, now
             self._outbox.put(coordinator_pb2.WatchRequest(progress=self._progress.snapshot(), answers=event.request_id))
             return
-        error = event_error(event, self._rank)
+        error = event_error(event, self._rank, self._host)
         if event.kind == Events.EVENT_KIND_MEMBER_LEFT and isinstance(error, RankFailedError):
             # A clean leave fails only what still needs the departed rank.
             self._left.update(event.ranks)

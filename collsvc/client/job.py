@@ -254,7 +254,8 @@ class Job:
         cause = [r for r in blamed if r != self.rank]
         if failure is None:  # a failed job's frames no longer matter: its peers learn of it at once
             self.transport.drain(LANE_DRAIN_SECONDS)
-        self.client.leave(self.progress.snapshot(), cause, str(failure) if cause else "")
+        unreachable = isinstance(failure, RankFailedError) and failure.unreachable
+        self.client.leave(self.progress.snapshot(), cause, str(failure) if cause else "", unreachable=unreachable)
         self.watcher.stop()
         self.recorder.close()
         self.executors.shutdown()

@@ -166,6 +166,7 @@ def _assemble(
     watcher = Watcher(
         client,
         join.rank,
+        host=next((m.host for m in members if m.rank == join.rank), None),
         interval=max(options.heartbeat_interval, join.heartbeat_interval_s),  # the coordinator's pace for large jobs
         progress=progress,
         failure=failure,

@@ -338,11 +338,19 @@ class CoordinatorClient(CoordinatorChannels):
         except Exception as exc:  # noqa: BLE001 - reporting must never mask the error being reported
             log.warning("job %s rank %s: could not report failure to the coordinator: %s", self.job_id, self.rank, exc)
 
-    def leave(self, progress: Iterable[common_pb2.Progress] = (), cause: Iterable[int] = (), reason: str = "") -> None:
+    def leave(
+        self,
+        progress: Iterable[common_pb2.Progress] = (),
+        cause: Iterable[int] = (),
+        reason: str = "",
+        *,
+        unreachable: bool = False,
+    ) -> None:
         """Leaves the job cleanly (best effort, short deadline), telling the coordinator the final
         ``progress`` so the others fail at once whatever call this member never finished, and the
         ranks whose failure failed this member's job (``cause``) with the error that said so
-        (``reason``), so the others name them."""
+        (``reason``), so the others name them; ``unreachable``: a delivery to them failed (the
+        coordinator then says which of them it still hears from)."""
         if self.rank is None:
             return
         request = coordinator_pb2.LeaveRequest(
@@ -352,6 +360,7 @@ class CoordinatorClient(CoordinatorChannels):
             progress=list(progress),
             cause_ranks=list(cause),
             cause_reason=reason,
+            cause_unreachable=unreachable,
         )
         deadline = time.monotonic() + min(self.timeout, 5.0)
         try:

@@ -4,8 +4,9 @@ coordinator on a third host (a firewall rule, a broken route between two racks).
 Host "c" runs the coordinator, host "a" rank 0, host "b" rank 1 (or two ranks each). Once all
 train, host "a" drops every packet to and from host "b" (iptables DROP: no RST, no ICMP), and no rank's
 heartbeats stop. Each rank then raises, leaves the job as a script ending with that error does, and the
-others hear of it. None may name itself: each names the other end of the link, ranks of the host it
-could not reach. The issue this pins: the receiver named itself, 4 runs of 4, because the sender left naming it.
+others hear of it. None may name itself or its own host: each names the other end of the link, ranks of
+the host it could not reach. The issue this pins: the receiver named itself, 4 runs of 4, because the
+sender left naming it; with two ranks per host a rank named its own host's leader.
 """
 
 from __future__ import annotations
@@ -54,17 +55,18 @@ def drop_between(host: topology.Host, other: topology.Host) -> None:
 
 
 @pytest.mark.parametrize(
-    ("op", "per_host"),
-    [("send_recv", 1), ("all_reduce", 1), ("all_reduce", 2)],
-    ids=["send_recv", "all_reduce", "all_reduce-2-per-host"],
+    ("op", "per_host", "lane"),
+    [("send_recv", 1, "1"), ("all_reduce", 1, "1"), ("all_reduce", 2, "1"), ("all_reduce", 2, "0")],
+    ids=["send_recv", "all_reduce", "all_reduce-2-per-host", "all_reduce-2-per-host-grpc"],
 )
 def test_a_cut_link_names_the_other_end_on_both_sides(
-    hosts: dict[str, topology.Host], tmp_path: Path, op: str, per_host: int
+    hosts: dict[str, topology.Host], tmp_path: Path, op: str, per_host: int, lane: str
 ) -> None:
     """With two ranks per host (shared memory within a host, each host's first rank leads and alone
-    crosses the link), a rank names the other host's ranks or an end of the cut link (a leader): one that
-    heard the far side's account first (rank 0 left: sending to rank 2 failed) names what it was told,
-    even its own host's leader. Never itself."""
+    crosses the link), every rank names ranks of the other host only: one that hears the far side's
+    account first (rank 2 left: sending to rank 0 failed) learns from the coordinator that rank 0 was
+    still running, so the path broke, and names the far end seen from its own host. Never itself, never
+    its own host's leader. The same over gRPC calls instead of the bulk lane (``COLLSVC_TCP_LANE=0``)."""
     nbytes = 64 << 10
     world = 2 * per_host
     a, b, c = hosts["a"], hosts["b"], hosts["c"]
@@ -75,7 +77,9 @@ def test_a_cut_link_names_the_other_end_on_both_sides(
     try:
         argv = [sys.executable, "-m", "collsvc", "coordinator", "--host", c.address, "--port", "29400"]
         procs.append(start([*argv, "--token-file", str(token_file)], c, tmp_path / "coordinator.log", base))
-        env = dict(base, COLLSVC_COORDINATOR=f"{c.address}:29400", COLLSVC_TOKEN=TOKEN, COLLSVC_JOB_ID="cut-link")
+        coordinator = f"{c.address}:29400"
+        env = dict(base, COLLSVC_COORDINATOR=coordinator, COLLSVC_TOKEN=TOKEN, COLLSVC_JOB_ID="cut-link")
+        env["COLLSVC_TCP_LANE"] = lane
         ranks = start_ranks(["link", op, str(nbytes)], [a] * per_host + [b] * per_host, env, tmp_path)
         procs.extend(ranks)
         outputs = wait_training(ranks, START_BOUND)
@@ -95,6 +99,4 @@ def test_a_cut_link_names_the_other_end_on_both_sides(
         assert result["rank"] == rank, result
         assert result["error"] in ("RankFailedError", "CollectiveTimeoutError"), result
         other_host = set(range(per_host, world)) if rank < per_host else set(range(per_host))
-        link_ends = {0, per_host}
-        assert result["ranks"] and rank not in result["ranks"], (rank, result)
-        assert set(result["ranks"]) <= other_host | link_ends, (rank, result)
+        assert result["ranks"] and set(result["ranks"]) <= other_host, (rank, result)

@@ -64,3 +64,38 @@ def test_a_leave_blaming_this_rank_and_another_names_the_other_and_the_member_th
     error = event_error(left({"cause": [1, 3]}), own_rank=1)
     assert isinstance(error, RankFailedError) and error.ranks == [0, 3]
     assert "its error: not told" in str(error)
+
+
+def cut(cause: list[int], running: dict[str, str]) -> coordinator_pb2.WatchEvent:
+    """Rank 0 on host-a left: its delivery to ``cause`` failed; the coordinator heard from ``running``."""
+    details = {"cause": cause, "cause_reason": "sending to rank 2 failed (UNAVAILABLE)", "running": running}
+    return coordinator_pb2.WatchEvent(
+        kind=Events.EVENT_KIND_MEMBER_LEFT, ranks=[0], hosts=["host-a"], details_json=json.dumps(details)
+    )
+
+
+def test_a_cut_link_is_named_by_its_far_end_from_each_host() -> None:
+    """Ranks 0, 1 on host-a, 2, 3 on host-b, 4 on host-c; the path between host-a and host-b broke and
+    rank 0 left naming rank 2, which the coordinator still heard from. Nobody names its own host."""
+    event = cut([2], {"2": "host-b"})
+    same_host_as_departed = event_error(event, own_rank=1, own_host="host-a")
+    assert isinstance(same_host_as_departed, RankFailedError)
+    assert (same_host_as_departed.ranks, same_host_as_departed.hosts) == ([2], ["host-b"])
+    same_host_as_running = event_error(event, own_rank=3, own_host="host-b")
+    assert isinstance(same_host_as_running, RankFailedError)
+    assert (same_host_as_running.ranks, same_host_as_running.hosts) == ([0], ["host-a"])
+    third_host = event_error(event, own_rank=4, own_host="host-c")
+    assert isinstance(third_host, RankFailedError) and third_host.ranks == [0, 2]
+    for error in (same_host_as_departed, same_host_as_running, third_host):
+        assert error.unreachable
+        assert "rank 0 (host-a) left the job after its collective failed: sending to rank 2" in str(error)
+        assert "still heard from rank 2 (host-b)" in str(error) and "cut link" in str(error)
+    end = event_error(event, own_rank=2, own_host="host-b")  # the other end names the departed one
+    assert isinstance(end, RankFailedError) and end.ranks == [0]
+    assert "waiting on this rank (2), which is running" in str(end)
+
+
+def test_a_leave_naming_unreachable_ranks_nobody_vouched_for_names_them() -> None:
+    """A peer the coordinator did not hear from (dead, stopped) is named, as before."""
+    error = event_error(cut([2], {}), own_rank=3, own_host="host-b")
+    assert isinstance(error, RankFailedError) and error.ranks == [2]

@@ -332,20 +332,22 @@ class FindGroupResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "member_secret", "progress", "cause_ranks", "cause_reason")
+    __slots__ = ("job_id", "rank", "member_secret", "progress", "cause_ranks", "cause_reason", "cause_unreachable")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MEMBER_SECRET_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     CAUSE_RANKS_FIELD_NUMBER: _ClassVar[int]
     CAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     member_secret: str
     progress: _containers.RepeatedCompositeFieldContainer[_common_pb2.Progress]
     cause_ranks: _containers.RepeatedScalarFieldContainer[int]
     cause_reason: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., cause_ranks: _Optional[_Iterable[int]] = ..., cause_reason: _Optional[str] = ...) -> None: ...
+    cause_unreachable: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., member_secret: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[_common_pb2.Progress, _Mapping]]] = ..., cause_ranks: _Optional[_Iterable[int]] = ..., cause_reason: _Optional[str] = ..., cause_unreachable: _Optional[bool] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ()

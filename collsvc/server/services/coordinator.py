@@ -230,7 +230,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):  # type: ig
         await usable(rt, 0.0, context)
         rt.job.heartbeat(member, progress_tuples(request.progress))  # its final progress
         cause = sorted({r for r in request.cause_ranks if 0 <= r < len(rt.job.members) and r != member.rank})
-        self.hub.leave(rt, member, cause, request.cause_reason[:MAX_CAUSE_REASON_CHARS])
+        reason = request.cause_reason[:MAX_CAUSE_REASON_CHARS]
+        self.hub.leave(rt, member, cause, reason, unreachable=request.cause_unreachable)
         return pb.LeaveResponse()
 
     # --------------------------------------------------------------------- progress and groups

@@ -203,17 +203,41 @@ class JobRuntime:
             self.usable.set()
 
 
-def _left_event(members: list[Member], cause: list[int], cause_reason: str = "") -> Any:
+def _left_event(
+    members: list[Member], cause: list[int], cause_reason: str = "", running: dict[int, str] | None = None
+) -> Any:
     """MEMBER_LEFT with each member's final progress, so the others can fail at once exactly the calls
     it never finished (a clean leave after finishing a call must not fail that call elsewhere), and
-    the ranks that had failed its job, if any (``cause``), with the error that said so (``cause_reason``)."""
+    the ranks that had failed its job, if any (``cause``), with the error that said so (``cause_reason``)
+    and those of them this coordinator knew to be running (``running``: rank -> host; see
+    :func:`running_across_hosts`)."""
     finished = {str(m.rank): {group: record.finished_seq for group, record in m.progress.items()} for m in members}
     details: dict[str, Any] = {"finished": finished}
     if cause:
         details["cause"] = cause
         if cause_reason:
             details["cause_reason"] = cause_reason
+        if running:
+            details["running"] = {str(rank): host for rank, host in running.items()}
     return _event(Events.EVENT_KIND_MEMBER_LEFT, members, "left the job", json.dumps(details))
+
+
+def running_across_hosts(
+    job: Job, member: Member, unreachable: list[int], interval: float, now: float
+) -> dict[int, str]:
+    """Of the ranks ``member`` could not deliver to, those this coordinator knows were running when it
+    left, on another host (rank -> host): a member that left cleanly itself, or one whose last heartbeat
+    (a real one, not a clock restarted after a stall) came within two heartbeat intervals. Between
+    them and ``member`` it is the path that failed, not a process: a cut link."""
+    running: dict[int, str] = {}
+    for rank in unreachable:
+        peer = job.members[rank]
+        if peer.host == member.host or peer.state in (MemberState.FAILED, MemberState.JOINING):
+            continue
+        fresh = not peer.pardoned and now - peer.last_heartbeat <= 2 * interval
+        if peer.state == MemberState.LEFT or fresh:
+            running[rank] = peer.host
+    return running
 
 
 def _event(kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: str, details_json: str = "") -> Any:
@@ -289,15 +313,28 @@ class Hub:
         rt.wake_barriers()
         self.drop_if_finished(rt)
 
-    def leave(self, rt: JobRuntime, member: Member, cause: list[int] | None = None, cause_reason: str = "") -> None:
+    def leave(
+        self,
+        rt: JobRuntime,
+        member: Member,
+        cause: list[int] | None = None,
+        cause_reason: str = "",
+        *,
+        unreachable: bool = False,
+    ) -> None:
         """``cause``: ranks whose failure (or lateness: ``cause_reason`` says which) had failed the
-        member's job before it left (named to the others)."""
+        member's job before it left (named to the others); ``unreachable``: a delivery to them had
+        failed, and the others are told which of them this coordinator knew to be running."""
+        running = {}
+        if cause and unreachable:
+            interval = pace_for(self.options, len(rt.job.members)).interval
+            running = running_across_hosts(rt.job, member, cause, interval, self._clock())
         if not rt.job.leave(member):
             return
         # The member's own stream stays open: the client ends it after Leave returns. A departure that
         # names the ranks that failed the member's job is told at once; plain ones go out in batches.
         if cause:
-            rt.send(_left_event([member], cause, cause_reason), exclude=(member.rank,))
+            rt.send(_left_event([member], cause, cause_reason, running), exclude=(member.rank,))
         else:
             rt.departures.add(member)
         rt.wake_barriers()

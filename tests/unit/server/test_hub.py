@@ -274,3 +274,24 @@ def test_a_stream_closed_during_a_stall_gets_time_to_reconnect(clock: FakeClock)
     clock.advance(0.5)
     hub.close_stream(rt, members[0], streams[0])  # outside a stall: a closed stream is a failure
     assert members[0].state == MemberState.FAILED
+
+
+def test_a_leave_after_an_unreachable_peer_says_which_of_them_the_coordinator_heard_from(clock: FakeClock) -> None:
+    """Rank 0 could deliver to neither rank 1 (heartbeating: a cut link), rank 2 (silent for three
+    intervals: stopped or dead) nor rank 3 (left cleanly, so it was running): the others are told 1 and
+    3 ran. A leave that blames lateness (not a failed delivery) vouches for no one."""
+    hub = Hub(CoordinatorOptions(heartbeat_interval=1.0, heartbeat_timeout=5.0), clock=clock)
+    rt, members = _job(hub, 5)
+    streams = [hub.open_stream(rt, m) for m in members]
+    for stream in streams:
+        drain(stream)
+    clock.advance(3.0)
+    rt.job.heartbeat(members[1])
+    hub.leave(rt, members[3])
+    hub.leave(rt, members[0], [1, 2, 3], "sending to rank 1 failed", unreachable=True)
+    (event,) = [e for e in drain(streams[4]) if e.kind == Events.EVENT_KIND_MEMBER_LEFT and list(e.ranks) == [0]]
+    details = json.loads(event.details_json)
+    assert details["cause"] == [1, 2, 3] and details["running"] == {"1": "h1", "3": "h3"}
+    hub.leave(rt, members[4], [1], "all_reduce timed out waiting on rank 1")
+    (late,) = [e for e in drain(streams[1]) if list(e.ranks) == [4]]
+    assert "running" not in json.loads(late.details_json)

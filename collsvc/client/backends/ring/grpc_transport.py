@@ -63,7 +63,7 @@ def _send_error(code: grpc.StatusCode, details: str, rank: int, host: str, addre
         return AuthenticationError(what)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return CollectiveTimeoutError(what, [{"rank": rank, "host": host}])
-    return RankFailedError(what, [rank], [host])
+    return RankFailedError(what, [rank], [host], unreachable=True)
 
 
 # A send in flight: a gRPC call's future, or a lane send's (failing with a LaneError that carries the
