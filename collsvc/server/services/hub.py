@@ -24,6 +24,7 @@ from collsvc.server.services.convert import join_reply, members_reply_bytes
 from collsvc.server.services.departure_news import DepartureNews
 from collsvc.server.services.heartbeat_pace import pace_for
 from collsvc.server.services.liveness import StallWatch, judge
+from collsvc.server.services.member_events import left_event, member_event, running_across_hosts
 from collsvc.server.services.progress_requests import ProgressRequests
 from collsvc.server.state.barriers import BarrierKey
 from collsvc.server.state.common import Clock, Member, MemberState, WaitingInfo
@@ -189,7 +190,7 @@ class JobRuntime:
             stream.queue.put_nowait(payload)
 
     def _announce_departures(self, members: list[Member]) -> None:
-        self.send(_left_event(members, []), exclude={m.rank for m in members})
+        self.send(left_event(members, []), exclude={m.rank for m in members})
 
     def replay(self, stream: Stream, after: int) -> None:
         """Queues on ``stream`` every logged event numbered above ``after`` that was meant for it."""
@@ -201,54 +202,6 @@ class JobRuntime:
         """Wakes whoever waits for a rebuilt job once it is whole again."""
         if not self.job.recovering and not self.usable.is_set():
             self.usable.set()
-
-
-def _left_event(
-    members: list[Member], cause: list[int], cause_reason: str = "", running: dict[int, str] | None = None
-) -> Any:
-    """MEMBER_LEFT with each member's final progress, so the others can fail at once exactly the calls
-    it never finished (a clean leave after finishing a call must not fail that call elsewhere), and
-    the ranks that had failed its job, if any (``cause``), with the error that said so (``cause_reason``)
-    and those of them this coordinator knew to be running (``running``: rank -> host; see
-    :func:`running_across_hosts`)."""
-    finished = {str(m.rank): {group: record.finished_seq for group, record in m.progress.items()} for m in members}
-    details: dict[str, Any] = {"finished": finished}
-    if cause:
-        details["cause"] = cause
-        if cause_reason:
-            details["cause_reason"] = cause_reason
-        if running:
-            details["running"] = {str(rank): host for rank, host in running.items()}
-    return _event(Events.EVENT_KIND_MEMBER_LEFT, members, "left the job", json.dumps(details))
-
-
-def running_across_hosts(
-    job: Job, member: Member, unreachable: list[int], interval: float, now: float
-) -> dict[int, str]:
-    """Of the ranks ``member`` could not deliver to, those this coordinator knows were running when it
-    left, on another host (rank -> host): a member that left cleanly itself, or one whose last heartbeat
-    (a real one, not a clock restarted after a stall) came within two heartbeat intervals. Between
-    them and ``member`` it is the path that failed, not a process: a cut link."""
-    running: dict[int, str] = {}
-    for rank in unreachable:
-        peer = job.members[rank]
-        if peer.host == member.host or peer.state in (MemberState.FAILED, MemberState.JOINING):
-            continue
-        fresh = not peer.pardoned and now - peer.last_heartbeat <= 2 * interval
-        if peer.state == MemberState.LEFT or fresh:
-            running[rank] = peer.host
-    return running
-
-
-def _event(kind: coordinator_pb2.EventKind, members: Iterable[Member], reason: str, details_json: str = "") -> Any:
-    members = list(members)
-    return coordinator_pb2.WatchEvent(
-        kind=kind,
-        ranks=[m.rank for m in members],
-        hosts=[m.host for m in members],
-        reason=reason,
-        details_json=details_json,
-    )
 
 
 class Hub:
@@ -308,7 +261,7 @@ class Hub:
         rt.wake_if_usable()  # a failure ends a rebuild: the waiters must see it
         if not failed:
             return
-        event = _event(Events.EVENT_KIND_MEMBER_FAILED, failed, reason)
+        event = member_event(Events.EVENT_KIND_MEMBER_FAILED, failed, reason)
         rt.send(event, exclude={m.rank for m in failed})
         rt.wake_barriers()
         self.drop_if_finished(rt)
@@ -334,7 +287,7 @@ class Hub:
         # The member's own stream stays open: the client ends it after Leave returns. A departure that
         # names the ranks that failed the member's job is told at once; plain ones go out in batches.
         if cause:
-            rt.send(_left_event([member], cause, cause_reason, running), exclude=(member.rank,))
+            rt.send(left_event([member], cause, cause_reason, running), exclude=(member.rank,))
         else:
             rt.departures.add(member)
         rt.wake_barriers()
@@ -345,7 +298,7 @@ class Hub:
         rt.wake_if_usable()
         if not aborted:
             return
-        rt.send(_event(Events.EVENT_KIND_JOB_ABORTED, [member], rt.job.abort_reason or reason))
+        rt.send(member_event(Events.EVENT_KIND_JOB_ABORTED, [member], rt.job.abort_reason or reason))
         rt.wake_barriers()
 
     def mismatch(self, rt: JobRuntime, member: Member, reason: str, details: dict[str, Any]) -> None:
@@ -354,7 +307,7 @@ class Hub:
         ranks = sorted(int(k) for k in merged if str(k).lstrip("-").isdigit())
         culprits = [rt.job.members[r] for r in ranks if 0 <= r < len(rt.job.members)]
         log.warning("job %s rank %d: collective mismatch: %s", rt.job.job_id, member.rank, reason)
-        rt.send(_event(Events.EVENT_KIND_COLLECTIVE_MISMATCH, culprits, reason, json.dumps(merged)))
+        rt.send(member_event(Events.EVENT_KIND_COLLECTIVE_MISMATCH, culprits, reason, json.dumps(merged)))
         rt.wake_barriers()
 
     # -------------------------------------------------------------------------------- streams
@@ -367,7 +320,7 @@ class Hub:
         if old is not None:
             old.queue.put_nowait(None)
         stream = rt.streams[member.rank] = Stream(member.rank)
-        stream.queue.put_nowait(_event(Events.EVENT_KIND_WATCHING, [member], ""))
+        stream.queue.put_nowait(member_event(Events.EVENT_KIND_WATCHING, [member], ""))
         rt.replay(stream, last_event_seq)
         return stream
 
