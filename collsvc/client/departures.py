@@ -69,6 +69,11 @@ class Departures:
                     return error
         return None
 
+    def first_unreachable(self) -> RankFailedError | None:
+        """The error of the first departure that left a path to a peer broken (``unreachable``), or None."""
+        with self._lock:
+            return next((error for error in self._errors.values() if error.unreachable), None)
+
     def as_dict(self) -> dict[int, RankFailedError]:
         """Every departure so far, in order (a copy)."""
         with self._lock:

@@ -68,6 +68,7 @@ def event_error(
                 "which is running: the path between them dropped the traffic, or this process was stopped "
                 f"or starved for longer than the call's timeout; its error: {reason or 'not told'}",
                 sorted({*ranks, *others}),
+                unreachable=left_unreachable(event),
             )
         running = left_running(event)
         if own_rank is not None and any(rank in running for rank in cause):
@@ -98,6 +99,14 @@ def left_cause(event: coordinator_pb2.WatchEvent) -> tuple[list[int], str]:
         return [int(rank) for rank in details.get("cause", [])], str(details.get("cause_reason", ""))
     except (ValueError, AttributeError, TypeError):
         return [], ""
+
+
+def left_unreachable(event: coordinator_pb2.WatchEvent) -> bool:
+    """Whether the departed member of a MEMBER_LEFT event left after a delivery to its cause failed."""
+    try:
+        return bool(json.loads(event.details_json or "{}").get("unreachable", False))
+    except (ValueError, AttributeError):
+        return False
 
 
 def left_running(event: coordinator_pb2.WatchEvent) -> dict[int, str]:

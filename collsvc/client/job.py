@@ -247,7 +247,9 @@ class Job:
         self.closed = True
         if fork_guard.forked_child():
             return
-        failure = self.failure.error()
+        # A departure over a broken path (a cut link) ended a call of this member without failing the
+        # job (a member that left is not a failure here): it is still what this member ends after.
+        failure = self.failure.error() or self.departed.first_unreachable()
         # Ranks that failed, left or were late: named to the others, with the error, so that they blame
         # them and not this member, which merely ended after them.
         blamed = failure.ranks if isinstance(failure, (RankFailedError, CollectiveTimeoutError)) else []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from collsvc.client.departures import Departures
 from collsvc.client.heartbeat import event_error, left_cause, left_progress
 from collsvc.errors import RankFailedError
 from collsvc.proto.v1 import coordinator_pb2
@@ -68,7 +69,8 @@ def test_a_leave_blaming_this_rank_and_another_names_the_other_and_the_member_th
 
 def cut(cause: list[int], running: dict[str, str]) -> coordinator_pb2.WatchEvent:
     """Rank 0 on host-a left: its delivery to ``cause`` failed; the coordinator heard from ``running``."""
-    details = {"cause": cause, "cause_reason": "sending to rank 2 failed (UNAVAILABLE)", "running": running}
+    details = {"cause": cause, "cause_reason": "sending to rank 2 failed (UNAVAILABLE)", "unreachable": True}
+    details["running"] = running
     return coordinator_pb2.WatchEvent(
         kind=Events.EVENT_KIND_MEMBER_LEFT, ranks=[0], hosts=["host-a"], details_json=json.dumps(details)
     )
@@ -92,10 +94,22 @@ def test_a_cut_link_is_named_by_its_far_end_from_each_host() -> None:
         assert "still heard from rank 2 (host-b)" in str(error) and "cut link" in str(error)
     end = event_error(event, own_rank=2, own_host="host-b")  # the other end names the departed one
     assert isinstance(end, RankFailedError) and end.ranks == [0]
-    assert "waiting on this rank (2), which is running" in str(end)
+    assert "waiting on this rank (2), which is running" in str(end) and end.unreachable
 
 
 def test_a_leave_naming_unreachable_ranks_nobody_vouched_for_names_them() -> None:
     """A peer the coordinator did not hear from (dead, stopped) is named, as before."""
     error = event_error(cut([2], {}), own_rank=3, own_host="host-b")
     assert isinstance(error, RankFailedError) and error.ranks == [2]
+
+
+def test_departures_remember_the_first_that_left_a_path_broken() -> None:
+    """A member whose call ended on a departure over a cut link (not a job failure) leaves naming it."""
+    departures = Departures([])
+    plain = RankFailedError("rank 4 left the job", [4])
+    departures.record([4], plain, {})
+    assert departures.first_unreachable() is None
+    cut_error = RankFailedError("rank 0 left ... cut link", [0], unreachable=True)
+    departures.record([0], cut_error, {})
+    departures.record([5], RankFailedError("rank 5 left ... cut link", [5], unreachable=True), {})
+    assert departures.first_unreachable() is cut_error

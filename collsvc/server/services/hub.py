@@ -278,7 +278,7 @@ class Hub:
         """``cause``: ranks whose failure (or lateness: ``cause_reason`` says which) had failed the
         member's job before it left (named to the others); ``unreachable``: a delivery to them had
         failed, and the others are told which of them this coordinator knew to be running."""
-        running = {}
+        running = None
         if cause and unreachable:
             interval = pace_for(self.options, len(rt.job.members)).interval
             running = running_across_hosts(rt.job, member, cause, interval, self._clock())

@@ -20,15 +20,16 @@ def left_event(
     """MEMBER_LEFT with each member's final progress, so the others can fail at once exactly the calls
     it never finished (a clean leave after finishing a call must not fail that call elsewhere), and
     the ranks that had failed its job, if any (``cause``), with the error that said so (``cause_reason``)
-    and those of them this coordinator knew to be running (``running``: rank -> host; see
-    :func:`running_across_hosts`)."""
+    and, when a delivery to them had failed (``running`` not None), those of them this coordinator knew
+    to be running (rank -> host; see :func:`running_across_hosts`)."""
     finished = {str(m.rank): {group: record.finished_seq for group, record in m.progress.items()} for m in members}
     details: dict[str, Any] = {"finished": finished}
     if cause:
         details["cause"] = cause
         if cause_reason:
             details["cause_reason"] = cause_reason
-        if running:
+        if running is not None:  # it could not deliver to them: which of them were running
+            details["unreachable"] = True
             details["running"] = {str(rank): host for rank, host in running.items()}
     return member_event(Events.EVENT_KIND_MEMBER_LEFT, members, "left the job", json.dumps(details))
 

@@ -291,7 +291,7 @@ def test_a_leave_after_an_unreachable_peer_says_which_of_them_the_coordinator_he
     hub.leave(rt, members[0], [1, 2, 3], "sending to rank 1 failed", unreachable=True)
     (event,) = [e for e in drain(streams[4]) if e.kind == Events.EVENT_KIND_MEMBER_LEFT and list(e.ranks) == [0]]
     details = json.loads(event.details_json)
-    assert details["cause"] == [1, 2, 3] and details["running"] == {"1": "h1", "3": "h3"}
+    assert details["cause"] == [1, 2, 3] and details["running"] == {"1": "h1", "3": "h3"} and details["unreachable"]
     hub.leave(rt, members[4], [1], "all_reduce timed out waiting on rank 1")
     (late,) = [e for e in drain(streams[1]) if list(e.ranks) == [4]]
-    assert "running" not in json.loads(late.details_json)
+    assert not {"running", "unreachable"} & set(json.loads(late.details_json))
