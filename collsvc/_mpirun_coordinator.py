@@ -52,11 +52,11 @@ def coordinator_for_mpirun(timeout: float, token: str | None) -> tuple[str, str]
 
 
 def _start(path: str, token: str | None) -> tuple[str, str]:
+    from collsvc.config import read_token
     from collsvc.options import CoordinatorOptions
     from collsvc.server.app import CoordinatorThread
 
-    # Reads the environment itself: config.read_token would also read COLLSVC_TOKEN_FILE, which this never did.
-    token = token or os.environ.get("COLLSVC_TOKEN") or secrets.token_hex(16)
+    token = token or read_token(None, os.environ) or secrets.token_hex(16)
     server = CoordinatorThread(CoordinatorOptions(host="127.0.0.1", port=0, token=token))
     port = server.start()
     address = f"127.0.0.1:{port}"

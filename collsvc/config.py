@@ -393,3 +393,16 @@ def nccl_blocking_wait(env: Mapping[str, str] | None = None) -> bool:
     (``COLLSVC_NCCL_BLOCKING_WAIT=1``, like torch's ``TORCH_NCCL_BLOCKING_WAIT``); by default it returns
     once enqueued and a watchdog thread watches completion and the deadline (docs/gpu.md)."""
     return (os.environ if env is None else env).get("COLLSVC_NCCL_BLOCKING_WAIT", "") not in ("", "0")
+
+
+DEFAULT_ELASTIC_REFORM_TIMEOUT = 10.0
+
+
+def elastic_reform_timeout(env: Mapping[str, str] | None = None) -> float:
+    """``COLLSVC_ELASTIC_TIMEOUT``: seconds one re-form of an elastic job may take (default 10).
+
+    Raises:
+        ValueError: not a number of seconds in [0.1, 86400]; the message names the variable.
+    """
+    seconds = seconds_from(os.environ if env is None else env, "COLLSVC_ELASTIC_TIMEOUT", None, 0.1, 86400.0)
+    return DEFAULT_ELASTIC_REFORM_TIMEOUT if seconds is None else seconds

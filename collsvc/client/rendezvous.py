@@ -345,12 +345,17 @@ class CoordinatorClient(CoordinatorChannels):
         reason: str = "",
         *,
         unreachable: bool = False,
+        within: float = 5.0,
     ) -> None:
-        """Leaves the job cleanly (best effort, short deadline), telling the coordinator the final
-        ``progress`` so the others fail at once whatever call this member never finished, and the
-        ranks whose failure failed this member's job (``cause``) with the error that said so
+        """Leaves the job cleanly (best effort, at most ``within`` seconds), telling the coordinator
+        the final ``progress`` so the others fail at once whatever call this member never finished,
+        and the ranks whose failure failed this member's job (``cause``) with the error that said so
         (``reason``), so the others name them; ``unreachable``: a delivery to them failed (the
-        coordinator then says which of them it still hears from)."""
+        coordinator then says which of them it still hears from).
+
+        A Leave not answered in time is cancelled, and the heartbeat stream that closes next then
+        reads to the coordinator as a member that died: ``within`` should be as long as the
+        coordinator waits for a silent member (the job's heartbeat pace), which a crowded host needs."""
         if self.rank is None:
             return
         request = coordinator_pb2.LeaveRequest(
@@ -362,7 +367,7 @@ class CoordinatorClient(CoordinatorChannels):
             cause_reason=reason,
             cause_unreachable=unreachable,
         )
-        deadline = time.monotonic() + min(self.timeout, 5.0)
+        deadline = time.monotonic() + min(self.timeout, within)
         try:
             self._call("Leave", request, "leave", timeout=max(deadline - time.monotonic(), 0.1))
         except Exception as exc:  # noqa: BLE001 - leaving is best effort; the coordinator also sees the stream end

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collsvc import config
 from collsvc._api import default_communicator, destroy, init_with, is_initialized
 from collsvc.client.communicator import Communicator
 from collsvc.client.rendezvous import CoordinatorClient
@@ -45,8 +46,6 @@ from collsvc.types import ReduceOp
 log = logging.getLogger(__name__)
 
 JOIN_ENV = "COLLSVC_ELASTIC_JOIN"  # set on a newcomer: the elastic job (generation-0 job id) to join
-TIMEOUT_ENV = "COLLSVC_ELASTIC_TIMEOUT"  # seconds one re-form attempt may take (default 10)
-DEFAULT_REFORM_TIMEOUT = 10.0
 _FINISHED = b"finished"
 _RUN_KEY = "run"  # the run id, set once generation 0 formed
 
@@ -104,7 +103,7 @@ class Membership:
     admitted: int = 0
     has_state: bool = True
     state_source: int = 0
-    reform_timeout: float = DEFAULT_REFORM_TIMEOUT
+    reform_timeout: float = config.DEFAULT_ELASTIC_REFORM_TIMEOUT
 
     # -- starting ------------------------------------------------------------------------------------
 
@@ -123,8 +122,8 @@ class Membership:
         comm = default_communicator()
         options = comm.job.options
         # Reads the environment itself: COLLSVC_ELASTIC_JOIN is written by the elastic launcher and rejoin for
-        # a newcomer; COLLSVC_ELASTIC_TIMEOUT through config.seconds_from would gain its range check.
-        reform_timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_REFORM_TIMEOUT))
+        # a newcomer.
+        reform_timeout = config.elastic_reform_timeout()
         joining = os.environ.get(JOIN_ENV)
         if joining:
             base = joining

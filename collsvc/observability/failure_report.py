@@ -78,8 +78,9 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
 
     if isinstance(error, CollsvcError) and os.getpid() == _installed_pid:
         write_report(error)
-        # Reads the environment itself: these values (1, true, yes) differ from config.debug_enabled's.
-        if os.environ.get(DEBUG_ENV, "") not in ("1", "true", "yes"):
+        from collsvc.config import debug_enabled  # loaded already, like the errors
+
+        if not debug_enabled():
             with contextlib.suppress(Exception):
                 sys.stderr.write(render(error, tb))
                 sys.stderr.flush()

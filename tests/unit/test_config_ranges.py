@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collsvc.config import resolve_init
+from collsvc.config import elastic_reform_timeout, resolve_init
 from collsvc.options import InitOptions
 
 BASE = {"COLLSVC_COORDINATOR": "c:1", "COLLSVC_WORLD_SIZE": "2"}
@@ -55,3 +55,11 @@ def test_good_values_are_taken() -> None:
     defaults = resolve({})
     assert defaults.heartbeat_interval == 1.0 and defaults.coordinator_grace == 20.0
     assert defaults.join_timeout is None and defaults.shared_memory is True
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "1e9"])
+def test_the_elastic_reform_timeout_is_checked_too(value: str) -> None:
+    with pytest.raises(ValueError) as info:
+        elastic_reform_timeout({"COLLSVC_ELASTIC_TIMEOUT": value})
+    assert "COLLSVC_ELASTIC_TIMEOUT" in str(info.value) and "[0.1, 86400]" in str(info.value)
+    assert elastic_reform_timeout({}) == 10.0 and elastic_reform_timeout({"COLLSVC_ELASTIC_TIMEOUT": "2.5"}) == 2.5

@@ -53,24 +53,14 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("collsvc/observability/failure_report.py", "write_report", "COLLSVC_RANK"): (
         "written by collsvc run with COLLSVC_REPORT_DIR; only read when that is set"
     ),
-    ("collsvc/observability/failure_report.py", "_excepthook", "COLLSVC_DEBUG"): (
-        "accepts 1, true, yes, unlike config.debug_enabled (anything but empty and 0); one reader would "
-        "change one of the two"
-    ),
     ("collsvc/elastic/membership.py", "Membership.start", "COLLSVC_ELASTIC_JOIN"): (
         "written by the elastic launcher and by elastic.rejoin for a newcomer"
-    ),
-    ("collsvc/elastic/membership.py", "Membership.start", "COLLSVC_ELASTIC_TIMEOUT"): (
-        "read as before; config.seconds_from would add its range check"
     ),
     ("collsvc/elastic/rejoin.py", "main", f"{WHOLE} -> environment_for"): (
         "the script it execs gets a copy of this process's environment"
     ),
     ("collsvc/elastic/rejoin.py", "main", "COLLSVC_ELASTIC_JOIN"): (
         "whether the elastic launcher already made this process a newcomer (its own handshake)"
-    ),
-    ("collsvc/_mpirun_coordinator.py", "_start", "COLLSVC_TOKEN"): (
-        "config.read_token would also read COLLSVC_TOKEN_FILE, which this never did"
     ),
     ("collsvc/torch/_bootstrap.py", "_under_collsvc_launcher", "COLLSVC_COORDINATOR"): (
         "which launcher's variables are set (COLLSVC_COORDINATOR or torchrun's MASTER_ADDR) tells the two apart"
