@@ -19,7 +19,7 @@ all_to_all run the group's own pipelined method directly, skipping the same gene
 (``repeated.py``).
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
-same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
+same call. A failure is recorded and mapped exactly as the general path does it (``CallRunner.call_failed``).
 Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x`` (all_gather
 and reduce_scatter: other than a C-contiguous array of the result's shape apart from ``x``), a non-contiguous or
 read-only array, a tensor numpy cannot view (CUDA, bfloat16, one that requires grad), calls queued on the
@@ -38,9 +38,11 @@ from typing import Any
 import numpy as np
 
 from collsvc.arrays import as_torch_like, kept_torch_view
-from collsvc.client.backends.base import GroupSpec, Signature
+from collsvc.client.backends.base import Backend, GroupSpec, Signature
+from collsvc.client.backends.call_hooks import CallHooks
 from collsvc.client.backends.reduction import reduced_as
-from collsvc.client.job import Job
+from collsvc.client.backends.ring.backend import RingBackend
+from collsvc.client.calls import CallRunner
 from collsvc.client.repeated import (
     RepeatedAllGather,
     RepeatedAllReduce,
@@ -69,9 +71,9 @@ NOT_RUN: Any = object()
 
 def _prepare(
     kind: str,
-    job: Job,
+    ring: RingBackend,
+    hooks: CallHooks,
     spec: GroupSpec,
-    stream: str,
     signature: Signature,
     x: np.ndarray | None,
     arg: ReduceOp | int | None,
@@ -84,15 +86,15 @@ def _prepare(
     Raises:
         TypeError / ValueError: a bad op or root (the general path raised them first).
     """
-    if job.recorder.timeline is not None:
+    if hooks.recording_timeline:
         return None  # the timeline records per-call phases the general path measures
     try:
-        found = job.ring.existing_shared(spec, stream)
+        found = ring.existing_shared(spec, hooks.stream)
         if found is None:
             return None
         group = found[0]
         digest = signature.digest
-        common = (job, spec, stream, signature, found)
+        common = (hooks, spec, signature, found)
         if kind == "barrier":
             waiting = group.prepare_barrier(digest)
             return None if waiting is None else RepeatedBarrier(*common, waiting)
@@ -144,25 +146,29 @@ class RepeatedCalls:
     barriers, learned from the general path.
 
     Args:
-        job / spec / stream: the Communicator's job, members and sequence stream.
+        calls: the job's call runner (what the calls record through, the job's failure flags).
+        cpu / gpu: the backends of the Communicator's numpy arrays and, on a job on NCCL, CuPy arrays.
+        spec: the Communicator's members; its calls are numbered in the stream of its name.
         check_usable: raises the job's failure or a member's departure (before a call is numbered).
         number: numbers the next call of the Communicator's stream.
     """
 
     def __init__(
         self,
-        job: Job,
+        calls: CallRunner,
+        cpu: RingBackend,
+        gpu: Backend | None,
         spec: GroupSpec,
-        stream: str,
         check_usable: Callable[[], None],
         number: Callable[[], int],
     ) -> None:
-        self._job, self._spec, self._stream = job, spec, stream
+        self._calls, self._cpu, self._spec = calls, cpu, spec
+        self._hooks = calls.hooks(spec.name)
         self._check_usable, self._number = check_usable, number
-        self._failure, self._departures, self._executor = job.failure, job.departed, job.executors.of(spec.name)
+        self._failure, self._departures, self._executor = calls.failure, calls.departed, calls.executor_of(spec.name)
         self._known: dict[_Key, RepeatedCall | None] = {}
         self._enabled = fast_path_enabled()
-        self._gpu = gpu_calls(job, spec, stream) if self._enabled else None  # CuPy arrays on NCCL
+        self._gpu = gpu_calls(gpu, spec, self._hooks) if self._enabled else None  # CuPy arrays on NCCL
 
     def close(self) -> None:
         """The Communicator closed: every later call takes the general path (which raises that)."""
@@ -173,7 +179,7 @@ class RepeatedCalls:
     def _check(self) -> None:
         """Raises what the Communicator's usability check raises (the job's failure, a member's departure,
         a closed job); the flags first, without a call, while none is set."""
-        if self._failure.recorded is not None or self._departures.anyone_left or self._job.closed:
+        if self._failure.recorded is not None or self._departures.anyone_left or self._calls.closed:
             self._check_usable()
 
     def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> Any:
@@ -241,7 +247,7 @@ class RepeatedCalls:
     def learn_barrier(self) -> None:
         """Prepares the barrier's fast path (once), after a barrier took the general path."""
         if _BARRIER_KEY not in self._known and self._enabled:
-            self._known[_BARRIER_KEY] = _prepare("barrier", self._job, self._spec, self._stream, BARRIER, None, None)
+            self._known[_BARRIER_KEY] = self._prepare("barrier", BARRIER, None, None)
 
     def has_fast_path(self, kind: str, x: np.ndarray | None = None, arg: ReduceOp | int | None = None) -> bool:
         """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics;
@@ -270,17 +276,22 @@ class RepeatedCalls:
             return
         if len(self._known) >= _KEPT:
             self._known.clear()
-        prepared = _prepare(kind, self._job, self._spec, self._stream, signature, x, arg) if self._enabled else None
+        prepared = self._prepare(kind, signature, x, arg) if self._enabled else None
         self._known[key] = prepared
 
+    def _prepare(
+        self, kind: str, signature: Signature, x: np.ndarray | None, arg: ReduceOp | int | None
+    ) -> RepeatedCall | None:
+        return _prepare(kind, self._cpu, self._hooks, self._spec, signature, x, arg)
 
-def gpu_calls(job: Job, spec: GroupSpec, stream: str) -> Any:
+
+def gpu_calls(gpu: Backend | None, spec: GroupSpec, hooks: CallHooks) -> Any:
     """The GPU fast path's calls of a Communicator (``backends/nccl/repeat.py``) on a job on NCCL, else None."""
-    if job.nccl is None:
+    if gpu is None:
         return None
     from collsvc.client.backends.nccl.repeat import GpuRepeatedCalls
 
-    return GpuRepeatedCalls(job, spec, stream)
+    return GpuRepeatedCalls(gpu, spec, hooks)
 
 
 def _tensor_views(x: Any, out: Any) -> tuple[np.ndarray, np.ndarray | None] | None:

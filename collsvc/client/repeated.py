@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.backends.call_hooks import CallHooks
 from collsvc.client.backends.reduction import finish_average
 from collsvc.client.backends.ring.global_ranks import in_global_ranks
 from collsvc.client.backends.shm.group import LocalGroup
 from collsvc.client.backends.shm.groups import CallWatch
-from collsvc.client.job import Job
 from collsvc.errors import CollsvcError
 
 # The shared-memory group of a Communicator on one host, as ``RingBackend.existing_shared`` finds it: the
@@ -34,7 +34,7 @@ class RepeatedCall:
     group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
 
     __slots__ = (
-        "_job",
+        "_failed",
         "_spec",
         "_stream",
         "_signature",
@@ -51,26 +51,25 @@ class RepeatedCall:
 
     def __init__(
         self,
-        job: Job,
+        hooks: CallHooks,
         spec: GroupSpec,
-        stream: str,
         signature: Signature,
         shared: Shared,
         plan: Any,
         average_over: int = 0,
     ) -> None:
-        """``plan``: what the group's ``prepare_*`` made for these calls; ``average_over``: the group size
-        to divide a sum by (AVG), else 0."""
-        self._job = job
+        """``hooks``: what the calls record through (bound here, once); ``plan``: what the group's
+        ``prepare_*`` made for these calls; ``average_over``: the group size to divide a sum by (AVG), else 0."""
+        self._failed = hooks.failed
         self._spec = spec
-        self._stream = stream
+        self._stream = hooks.stream
         self._signature, self._text = signature, signature.text
         self._group, self._watch, self._local = shared
         self._plan = plan
         self._average_over = average_over
-        self._progress = job.progress.stream(stream)
-        self._counter = job.recorder.counter(signature, spec)
-        self._limit = job.options.timeout
+        self._progress = hooks.progress()
+        self._counter = hooks.counter(signature, spec)
+        self._limit = hooks.limit
 
     def accepts(self, x: np.ndarray, out: Any) -> bool:
         """Whether a call of C-contiguous ``x`` with ``out`` may take this path: a new result, or ``x``
@@ -98,7 +97,7 @@ class RepeatedCall:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
             error = in_global_ranks(call, self._local, exc)
             span = (call, int(started * 1e9), 0)
-            raise self._job.call_failed(call, record, span, error) from error
+            raise self._failed(call, record, span, error) from error
         ended = time.time()
         self._progress.finish(record, ended)
         if self._counter is not None:

@@ -45,7 +45,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("server app", ("collsvc.server",)),  # app, metrics
     (
         "backend contract",
-        ("collsvc.client.backends.base", "collsvc.client.backends.reduction", "collsvc.client.backends.grpc_options"),
+        (
+            "collsvc.client.backends.base",
+            "collsvc.client.backends.call_hooks",
+            "collsvc.client.backends.reduction",
+            "collsvc.client.backends.grpc_options",
+        ),
     ),
     ("backends", ("collsvc.client.backends",)),  # ring, shm, nccl
     (
@@ -67,9 +72,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "collsvc.client.devices",
             "collsvc.client.work",
             "collsvc.client.timeout_report",
+            "collsvc.client.coordinator_access",
+            "collsvc.client.calls",
+            "collsvc.client.job_handle",
         ),
     ),
-    ("job", ("collsvc.client.job", "collsvc.client.joining")),
+    ("job", ("collsvc.client.job", "collsvc.client.connect")),
     (
         "ops",
         (
