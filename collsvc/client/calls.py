@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
-from collsvc.client.backends.call_hooks import CallCounter
+from collsvc.client.backends.base import Backend, Call, CallCounter, GroupSpec, Signature
 from collsvc.client.coordinator_access import CoordinatorAccess
 from collsvc.client.departures import Departures
 from collsvc.client.failure_state import FailureState
@@ -165,7 +164,7 @@ class CallRunner:
 
 
 class StreamHooks:
-    """The :class:`~collsvc.client.backends.call_hooks.CallHooks` of one stream of a job's calls."""
+    """The :class:`~collsvc.client.backends.base.CallHooks` of one stream of a job's calls."""
 
     __slots__ = ("stream", "limit", "_progress", "_recorder", "failed")
 

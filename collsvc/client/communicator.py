@@ -68,7 +68,7 @@ class Communicator(GpuSync, Subgroups):
         self._executor = self._calls.executor_of(name)  # calls of this group run in issue order there
         gpu = job.backend_for(True) if job.backend_name == "nccl" else None
         number = self._numbers.of(name)
-        self._repeated = RepeatedCalls(self._calls, job.ring, gpu, self._spec, self._check_usable, number)
+        self._repeated = RepeatedCalls(self._calls, job.backend_for(False), gpu, self._spec, self._check_usable, number)
         self._inter = None
 
     def __repr__(self) -> str:

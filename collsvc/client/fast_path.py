@@ -15,8 +15,9 @@ every block out; a reduce_scatter: every rank reduces its own block; a barrier: 
 Progress and statistics go through objects held per stream and per call kind
 (``StreamProgress``, ``RepeatedCallCounter``): no lookups or locks per call. Calls too large for one
 step (all_reduce, all_gather and reduce_scatter above 64 KiB, a broadcast above 256 KiB) and every
-all_to_all run the group's own pipelined method directly, skipping the same general layers
-(``repeated.py``).
+all_to_all run the group's own pipelined method directly, skipping the same general layers. What the
+calls run on is the backend's: the fast path asks ``Backend.prepare`` for a prepared call (the ring
+backend's shared-memory groups: ``backends/shm/repeated.py``) and knows no backend's internals.
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
 same call. A failure is recorded and mapped exactly as the general path does it (``CallRunner.call_failed``).
@@ -38,26 +39,9 @@ from typing import Any
 import numpy as np
 
 from collsvc.arrays import as_torch_like, kept_torch_view
-from collsvc.client.backends.base import Backend, GroupSpec, Signature
-from collsvc.client.backends.call_hooks import CallHooks
-from collsvc.client.backends.reduction import reduced_as
-from collsvc.client.backends.ring.backend import RingBackend
+from collsvc.client.backends.base import Backend, CallHooks, GroupSpec, PreparedCall, Signature
 from collsvc.client.calls import CallRunner
-from collsvc.client.repeated import (
-    RepeatedAllGather,
-    RepeatedAllReduce,
-    RepeatedAllToAll,
-    RepeatedBarrier,
-    RepeatedBroadcast,
-    RepeatedCall,
-    RepeatedChunkedAllGather,
-    RepeatedChunkedAllReduce,
-    RepeatedChunkedBroadcast,
-    RepeatedChunkedReduceScatter,
-    RepeatedReduceScatter,
-)
 from collsvc.config import fast_path_enabled
-from collsvc.errors import CollsvcError
 from collsvc.types import ReduceOp
 
 # Every barrier's signature: a barrier carries no data.
@@ -67,74 +51,6 @@ _Key = tuple[str, np.dtype | None, tuple[int, ...] | None, ReduceOp | int | None
 _BARRIER_KEY: _Key = ("barrier", None, None, None)
 # What RepeatedCalls.run returns for a call it did not run (None is a result: a reduce's on other ranks).
 NOT_RUN: Any = object()
-
-
-def _prepare(
-    kind: str,
-    ring: RingBackend,
-    hooks: CallHooks,
-    spec: GroupSpec,
-    signature: Signature,
-    x: np.ndarray | None,
-    arg: ReduceOp | int | None,
-) -> RepeatedCall | None:
-    """The fast path for later calls like this one (``x``: a numpy array that just went through the
-    general path, None for a barrier; ``arg``: the op of an all_reduce or reduce_scatter, the root of a
-    broadcast, None for an all_gather, an all_to_all or a barrier), or None where they cannot take it (the group is
-    not all on this host, a dtype numpy has no reduction loop for, ...).
-
-    Raises:
-        TypeError / ValueError: a bad op or root (the general path raised them first).
-    """
-    if hooks.recording_timeline:
-        return None  # the timeline records per-call phases the general path measures
-    try:
-        found = ring.existing_shared(spec, hooks.stream)
-        if found is None:
-            return None
-        group = found[0]
-        digest = signature.digest
-        common = (hooks, spec, signature, found)
-        if kind == "barrier":
-            waiting = group.prepare_barrier(digest)
-            return None if waiting is None else RepeatedBarrier(*common, waiting)
-        assert x is not None  # every other kind has an array
-        average_over = spec.size if arg is ReduceOp.AVG else 0
-        if kind == "all_reduce":
-            assert isinstance(arg, ReduceOp)
-            reducing = group.prepare_all_reduce(x.dtype, x.size, reduced_as(arg), digest, x.shape)
-            if reducing is not None:
-                return RepeatedAllReduce(*common, reducing, average_over)
-            chunked = group.prepare_chunked("all_reduce", x.dtype, x.size, reduced_as(arg), digest)
-            return None if chunked is None else RepeatedChunkedAllReduce(*common, chunked, average_over)
-        if kind == "broadcast":
-            assert isinstance(arg, int)
-            sending = group.prepare_broadcast(x.dtype, x.size, arg, digest, x.shape)
-            if sending is not None:
-                return RepeatedBroadcast(*common, sending)
-            chunked = group.prepare_chunked("broadcast", x.dtype, x.size, arg, digest)
-            return None if chunked is None else RepeatedChunkedBroadcast(*common, chunked)
-        if kind == "all_gather":
-            shape = x.shape or (1,)  # a 0-d array counts as shape (1,)
-            gathered = (spec.size * shape[0], *shape[1:])
-            gathering = group.prepare_all_gather(x.dtype, x.size, digest)
-            if gathering is not None:
-                return RepeatedAllGather(gathered, *common, gathering)
-            chunked = group.prepare_chunked("all_gather", x.dtype, x.size, None, digest)
-            return None if chunked is None else RepeatedChunkedAllGather(gathered, *common, chunked)
-        if kind == "all_to_all":
-            moving = group.prepare_chunked("all_to_all", x.dtype, x.size // spec.size, None, digest)
-            return None if moving is None else RepeatedAllToAll(x.shape, *common, moving)
-        assert isinstance(arg, ReduceOp)
-        block_shape = (x.shape[0] // spec.size, *x.shape[1:])
-        count = x.size // spec.size
-        scattering = group.prepare_reduce_scatter(x.dtype, count, reduced_as(arg), digest)
-        if scattering is not None:
-            return RepeatedReduceScatter(block_shape, *common, scattering, average_over)
-        chunked = group.prepare_chunked("reduce_scatter", x.dtype, count, reduced_as(arg), digest)
-        return None if chunked is None else RepeatedChunkedReduceScatter(block_shape, *common, chunked, average_over)
-    except CollsvcError:
-        return None  # the group failed meanwhile: the general path raises it
 
 
 # How many (collective, dtype, shape, op or root) a Communicator keeps a fast path for (then it starts over).
@@ -156,7 +72,7 @@ class RepeatedCalls:
     def __init__(
         self,
         calls: CallRunner,
-        cpu: RingBackend,
+        cpu: Backend,
         gpu: Backend | None,
         spec: GroupSpec,
         check_usable: Callable[[], None],
@@ -166,7 +82,7 @@ class RepeatedCalls:
         self._hooks = calls.hooks(spec.name)
         self._check_usable, self._number = check_usable, number
         self._failure, self._departures, self._executor = calls.failure, calls.departed, calls.executor_of(spec.name)
-        self._known: dict[_Key, RepeatedCall | None] = {}
+        self._known: dict[_Key, PreparedCall | None] = {}
         self._enabled = fast_path_enabled()
         self._gpu = gpu_calls(gpu, spec, self._hooks) if self._enabled else None  # CuPy arrays on NCCL
 
@@ -191,7 +107,7 @@ class RepeatedCalls:
             The result when it ran, :data:`NOT_RUN` when the general path must run it.
 
         Raises:
-            As :meth:`RepeatedCall.run`, or the job's failure.
+            As ``PreparedCall.run`` (``backends/base.py``), or the job's failure.
         """
         if async_op:
             return NOT_RUN
@@ -235,7 +151,7 @@ class RepeatedCalls:
         now; False when the general path must run it.
 
         Raises:
-            As :meth:`RepeatedCall.run`, or the job's failure.
+            As ``PreparedCall.run`` (``backends/base.py``), or the job's failure.
         """
         repeated = self._known.get(_BARRIER_KEY)
         if repeated is None or self._executor.queued:
@@ -247,7 +163,7 @@ class RepeatedCalls:
     def learn_barrier(self) -> None:
         """Prepares the barrier's fast path (once), after a barrier took the general path."""
         if _BARRIER_KEY not in self._known and self._enabled:
-            self._known[_BARRIER_KEY] = self._prepare("barrier", BARRIER, None, None)
+            self._known[_BARRIER_KEY] = self._prepare("barrier", BARRIER, None)
 
     def has_fast_path(self, kind: str, x: np.ndarray | None = None, arg: ReduceOp | int | None = None) -> bool:
         """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics;
@@ -276,13 +192,20 @@ class RepeatedCalls:
             return
         if len(self._known) >= _KEPT:
             self._known.clear()
-        prepared = self._prepare(kind, signature, x, arg) if self._enabled else None
+        prepared = self._prepare(kind, signature, x) if self._enabled else None
         self._known[key] = prepared
 
-    def _prepare(
-        self, kind: str, signature: Signature, x: np.ndarray | None, arg: ReduceOp | int | None
-    ) -> RepeatedCall | None:
-        return _prepare(kind, self._cpu, self._hooks, self._spec, signature, x, arg)
+    def _prepare(self, kind: str, signature: Signature, x: np.ndarray | None) -> PreparedCall | None:
+        """The backend's faster road for later ``kind`` calls like this one (``x``: its numpy array, None
+        for a barrier), or None (the group is not all on this host, a dtype numpy has no reduction
+        loop for, a job recording its timeline, ...).
+
+        Raises:
+            TypeError / ValueError: a bad op or root (the general path raised them first).
+        """
+        if self._hooks.recording_timeline:
+            return None  # the timeline records per-call phases the general path measures
+        return self._cpu.prepare(kind, signature, self._spec, self._hooks, x)
 
 
 def gpu_calls(gpu: Backend | None, spec: GroupSpec, hooks: CallHooks) -> Any:
@@ -310,7 +233,7 @@ def _tensor_views(x: Any, out: Any) -> tuple[np.ndarray, np.ndarray | None] | No
 def _may_repeat(x: Any, arg: Any, out: Any, async_op: bool) -> bool:
     """Whether a call could ever take a fast path: synchronous, on a numpy array (not a subclass), into a
     new array or a numpy ``out``, with a ReduceOp, an int root or no argument (an all_gather); anything
-    else the general path checks. Which ``out`` a fast path takes, :meth:`RepeatedCall.accepts` says."""
+    else the general path checks. Which ``out`` a fast path takes, ``PreparedCall.accepts`` says."""
     return (
         not async_op
         and type(x) is np.ndarray

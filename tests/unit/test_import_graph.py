@@ -51,7 +51,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "backend contract",
         (
             "collsvc.client.backends.base",
-            "collsvc.client.backends.call_hooks",
             "collsvc.client.backends.reduction",
             "collsvc.client.backends.grpc_options",
         ),
@@ -90,7 +89,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "collsvc.client.bucketing",
             "collsvc.client.objects",
             "collsvc.client.fast_path",
-            "collsvc.client.repeated",
         ),
     ),
     ("communicator", ("collsvc.client",)),
@@ -375,6 +373,25 @@ def test_nobody_but_the_job_reaches_into_its_parts() -> None:
     assert not violations, (
         "modules reach through a job into its parts (take the narrow handle it needs instead: "
         "client/calls.py's CallRunner, client/coordinator_access.py, JobHandle, a backend):\n" + "\n".join(violations)
+    )
+
+
+# The fast path meets the general path at the Backend interface (Backend.prepare): it may know backends
+# only by their seam (backends/base.py), never by the internals of one of them.
+FAST_PATH = ("collsvc.client.fast_path",)
+BACKEND_INTERNALS = ("collsvc.client.backends.shm", "collsvc.client.backends.ring")
+
+
+def test_the_fast_path_knows_backends_only_by_their_seam() -> None:
+    violations = [
+        edge.where
+        for edge in import_edges()
+        if any(_in_room(edge.importer, room) for room in FAST_PATH)
+        and any(_in_room(edge.imported, room) for room in BACKEND_INTERNALS)
+    ]
+    assert not violations, (
+        "the fast path imports shared-memory or ring internals (ask the backend: Backend.prepare):\n"
+        + "\n".join(violations)
     )
 
 

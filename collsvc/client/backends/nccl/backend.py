@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from collsvc.client.backends.base import Backend, Call
+from collsvc.client.backends.base import Backend, Call, CallHooks, GroupSpec, PreparedCall, Signature
 from collsvc.client.backends.nccl.blocks import Blocks, ptr
 from collsvc.client.backends.nccl.dtypes import Mode, ReducePlan, describe, plan_reduction
 from collsvc.client.backends.nccl.group_comm import (
@@ -264,6 +264,14 @@ class NcclBackend(Launcher):
     def barrier(self, call: Call) -> bool:
         """No data-plane barrier here: barriers are host-side calls (the ring's or the coordinator's)."""
         return False
+
+    def prepare(
+        self, kind: str, signature: Signature, group: GroupSpec, hooks: CallHooks, like: Any = None
+    ) -> PreparedCall | None:
+        """No faster road through this seam: repeated all_reduce calls of CuPy arrays are learned by
+        their own fast path (``nccl/repeat.py``), keyed by the arrays' identity, which the Communicator
+        hands them to."""
+        return None
 
     # ----------------------------------------------------------------- the template (launching: launcher.py)
 

@@ -24,8 +24,7 @@ import threading
 import time
 from typing import Any
 
-from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
-from collsvc.client.backends.call_hooks import CallHooks
+from collsvc.client.backends.base import Backend, Call, CallHooks, GroupSpec, Signature
 from collsvc.client.backends.nccl.backend import NcclBackend
 from collsvc.client.backends.nccl.dtypes import describe
 from collsvc.client.backends.nccl.watchdog import Pending
