@@ -307,7 +307,7 @@ class Communicator(GpuSync, Subgroups):
             # In the data plane where the group allows (shared memory on one host: microseconds;
             # over several hosts, empty frames among the hosts' leaders; a rank that called another
             # collective instead is named as a mismatch); else through the coordinator. Who never
-            # arrived is named either way (the Job asks the coordinator after a data-plane timeout).
+            # arrived is named either way (the call runner asks the coordinator after a data-plane timeout).
             if not backend.barrier(call):
                 self._coordinator.barrier(self.name, self._job.rank, generation, wait)
 

@@ -3,7 +3,7 @@ arrays (and of CPU torch tensors, through numpy views of them kept per tensor), 
 host, without the general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
-``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
+``Communicator._issue``, ``CallRunner.execute``, the backend) adapts the array, plans a work buffer, builds a
 ``Call``, a progress record and a recorder span, and looks the shared-memory group up, on every call:
 for a 4 KiB array that is most of the call's time. Once a call took the one-barrier shared-memory path,
 the Communicator keeps what it worked out for that (collective, dtype, shape, op or root): the

@@ -69,7 +69,7 @@ class NcclBackend(Launcher):
         blocking: whether each call waits on the host until the GPU finished it; None: from
             ``COLLSVC_NCCL_BLOCKING_WAIT`` (default: no, it returns once enqueued).
         report: ``report(call, error)`` for a failure the watchdog found after the call returned (a
-            timeout, NCCL's error): returns the error to raise from then on (the Job's ``on_failure``:
+            timeout, NCCL's error): returns the error to raise from then on (the call runner's ``on_failure``:
             it names the late ranks and records the job's failure). None: the error as found.
 
     Raises:
