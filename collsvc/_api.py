@@ -28,7 +28,7 @@ from typing import Any
 
 from collsvc.client import fork_guard
 from collsvc.client.communicator import WORLD, Communicator
-from collsvc.client.joining import connect
+from collsvc.client.connect import connect
 from collsvc.config import leave_on_sigterm, resolve_init
 from collsvc.errors import CollsvcError, RendezvousError
 from collsvc.options import InitOptions

@@ -46,6 +46,9 @@ class Communicator(GpuSync, Subgroups):
 
     def __init__(self, job: Job, name: str, global_ranks: Sequence[int]) -> None:
         self._job = job
+        self._calls = job.calls
+        self._coordinator = job.coordinator
+        self._options = job.options
         self._ranks = tuple(global_ranks)
         self._members = frozenset(self._ranks)
         self.name = name
@@ -62,8 +65,10 @@ class Communicator(GpuSync, Subgroups):
         self._groups = 0
         self._closed = False
         self._intra = None
-        self._executor = job.executors.of(name)  # calls of this group run in issue order there
-        self._repeated = RepeatedCalls(job, self._spec, name, self._check_usable, self._numbers.of(name))
+        self._executor = self._calls.executor_of(name)  # calls of this group run in issue order there
+        gpu = job.backend_for(True) if job.backend_name == "nccl" else None
+        number = self._numbers.of(name)
+        self._repeated = RepeatedCalls(self._calls, job.backend_for(False), gpu, self._spec, self._check_usable, number)
         self._inter = None
 
     def __repr__(self) -> str:
@@ -72,7 +77,7 @@ class Communicator(GpuSync, Subgroups):
     @functools.cached_property
     def _view(self) -> ops.GroupView:
         # The job's backends are fixed once it is connected, before any communicator exists.
-        return ops.GroupView(self.name, self.rank, self.size, self._ranks, self._job.nccl is not None)
+        return ops.GroupView(self.name, self.rank, self.size, self._ranks, self.backend == "nccl")
 
     @property
     def global_ranks(self) -> tuple[int, ...]:
@@ -83,18 +88,18 @@ class Communicator(GpuSync, Subgroups):
     def job(self) -> JobHandle:
         """The job this communicator belongs to: its options, first failure, departed members and
         key/value store (for libraries built on collsvc, such as its torch backend)."""
-        return JobHandle(self._job)
+        return self._job.handle
 
     @property
     def closed(self) -> bool:
         """Whether this communicator (or the job under it) was closed."""
-        return self._closed or self._job.closed
+        return self._closed or self._calls.closed
 
     # ---- infrastructure -------------------------------------------------------------------------
     def _check_usable(self) -> None:
-        if self._closed or self._job.closed:  # self.closed, without a property call per collective
+        if self._closed or self._calls.closed:  # self.closed, without a property call per collective
             raise CollsvcError(f"communicator '{self.name}' is closed")
-        self._job.check_usable(self._members)
+        self._calls.check_usable(self._members)
 
     def _issue(self, planned: ops.Planned, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Numbers a planned call and runs its body in issue order; maps failures for every rank.
@@ -110,10 +115,10 @@ class Communicator(GpuSync, Subgroups):
         group = planned.spec or self._spec
         # CuPy arrays (on either backend) may run on the worker thread: take the caller's device and stream.
         gpu_context = caller_gpu_context() if "cupy" in sys.modules else None
-        job = self._job
+        calls = self._calls
 
         def execute() -> Any:
-            return job.execute(group, stream, seq, signature, timeout, body, backend, gpu_context)
+            return calls.execute(group, stream, seq, signature, timeout, body, backend, gpu_context)
 
         if async_op:
             return self._async_work(execute, group, stream, seq, signature, backend)
@@ -280,7 +285,7 @@ class Communicator(GpuSync, Subgroups):
         if out is not None and self._view.gpu_backend and adapt(out, name="out").on_gpu:
             raise ValueError("recv_any cannot receive into a GPU array on the NCCL backend (NCCL needs a source)")
         self._check_usable()
-        limit = self._job.options.timeout if timeout is None else timeout
+        limit = self._options.timeout if timeout is None else timeout
         source = any_source.first_sender(self._view, self._job.mailbox, self._numbers.peek, tag, limit)
         return source, self.recv(source, tag, out=out, shape=shape, dtype=dtype)
 
@@ -291,7 +296,7 @@ class Communicator(GpuSync, Subgroups):
             CollectiveTimeoutError: ``timeout`` (default: the communicator's) passed; names who is missing.
             RankFailedError / AbortedError: a member failed or the job was aborted.
         """
-        wait = self._job.options.timeout if timeout is None else float(timeout)
+        wait = self._options.timeout if timeout is None else float(timeout)
         if not wait > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         generation = next(self._barrier_numbers)  # the coordinator's barrier generation (no lock: see numbering.py)
@@ -302,9 +307,9 @@ class Communicator(GpuSync, Subgroups):
             # In the data plane where the group allows (shared memory on one host: microseconds;
             # over several hosts, empty frames among the hosts' leaders; a rank that called another
             # collective instead is named as a mismatch); else through the coordinator. Who never
-            # arrived is named either way (the Job asks the coordinator after a data-plane timeout).
+            # arrived is named either way (the call runner asks the coordinator after a data-plane timeout).
             if not backend.barrier(call):
-                self._job.client.barrier(self.name, self._job.rank, generation, wait)
+                self._coordinator.barrier(self.name, self._job.rank, generation, wait)
 
         self._issue(ops.Planned(BARRIER, body, on_gpu=False), timeout=wait)
         self._repeated.learn_barrier()
@@ -327,7 +332,7 @@ class Communicator(GpuSync, Subgroups):
 
     def _pickle_allowed(self) -> bool:
         """Whether peers are authenticated (token or TLS) or the user accepted unpickling without it."""
-        options = self._job.options
+        options = self._options
         return bool(options.token or options.tls is not None or options.allow_pickle)
 
     def all_reduce_callback(
@@ -344,8 +349,8 @@ class Communicator(GpuSync, Subgroups):
     # ---- lifecycle --------------------------------------------------------------------------------
     def abort(self, reason: str) -> None:
         """Fails every rank's pending and future collectives with AbortedError(reason)."""
-        self._job.client.report(coordinator_pb2.EVENT_KIND_JOB_ABORTED, reason)
-        self._job.failure.set(AbortedError(f"job aborted by rank {self._job.rank}: {reason}", reason))
+        self._coordinator.report(coordinator_pb2.EVENT_KIND_JOB_ABORTED, reason)
+        self._calls.fail(AbortedError(f"job aborted by rank {self._job.rank}: {reason}", reason))
 
     def close(self) -> None:
         """Leaves cleanly. Closing the world communicator leaves the job; a sub-communicator just closes."""

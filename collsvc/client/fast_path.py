@@ -3,7 +3,7 @@ arrays (and of CPU torch tensors, through numpy views of them kept per tensor), 
 host, without the general layers.
 
 A training loop calls all_reduce with the same few shapes over and over. The general path (``ops.py``,
-``Communicator._issue``, ``Job.execute``, the backend) adapts the array, plans a work buffer, builds a
+``Communicator._issue``, ``CallRunner.execute``, the backend) adapts the array, plans a work buffer, builds a
 ``Call``, a progress record and a recorder span, and looks the shared-memory group up, on every call:
 for a 4 KiB array that is most of the call's time. Once a call took the one-barrier shared-memory path,
 the Communicator keeps what it worked out for that (collective, dtype, shape, op or root): the
@@ -15,11 +15,12 @@ every block out; a reduce_scatter: every rank reduces its own block; a barrier: 
 Progress and statistics go through objects held per stream and per call kind
 (``StreamProgress``, ``RepeatedCallCounter``): no lookups or locks per call. Calls too large for one
 step (all_reduce, all_gather and reduce_scatter above 64 KiB, a broadcast above 256 KiB) and every
-all_to_all run the group's own pipelined method directly, skipping the same general layers
-(``repeated.py``).
+all_to_all run the group's own pipelined method directly, skipping the same general layers. What the
+calls run on is the backend's: the fast path asks ``Backend.prepare`` for a prepared call (the ring
+backend's shared-memory groups: ``backends/shm/repeated.py``) and knows no backend's internals.
 
 Everything the peers see is what the general path produces, so ranks may take either path for the
-same call. A failure is recorded and mapped exactly as the general path does it (``Job.call_failed``).
+same call. A failure is recorded and mapped exactly as the general path does it (``CallRunner.call_failed``).
 Calls that differ in any way take the general path: ``async_op``, an ``out`` other than ``x`` (all_gather
 and reduce_scatter: other than a C-contiguous array of the result's shape apart from ``x``), a non-contiguous or
 read-only array, a tensor numpy cannot view (CUDA, bfloat16, one that requires grad), calls queued on the
@@ -38,24 +39,9 @@ from typing import Any
 import numpy as np
 
 from collsvc.arrays import as_torch_like, kept_torch_view
-from collsvc.client.backends.base import GroupSpec, Signature
-from collsvc.client.backends.reduction import reduced_as
-from collsvc.client.job import Job
-from collsvc.client.repeated import (
-    RepeatedAllGather,
-    RepeatedAllReduce,
-    RepeatedAllToAll,
-    RepeatedBarrier,
-    RepeatedBroadcast,
-    RepeatedCall,
-    RepeatedChunkedAllGather,
-    RepeatedChunkedAllReduce,
-    RepeatedChunkedBroadcast,
-    RepeatedChunkedReduceScatter,
-    RepeatedReduceScatter,
-)
+from collsvc.client.backends.base import Backend, CallHooks, GroupSpec, PreparedCall, Signature
+from collsvc.client.calls import CallRunner
 from collsvc.config import fast_path_enabled
-from collsvc.errors import CollsvcError
 from collsvc.types import ReduceOp
 
 # Every barrier's signature: a barrier carries no data.
@@ -67,74 +53,6 @@ _BARRIER_KEY: _Key = ("barrier", None, None, None)
 NOT_RUN: Any = object()
 
 
-def _prepare(
-    kind: str,
-    job: Job,
-    spec: GroupSpec,
-    stream: str,
-    signature: Signature,
-    x: np.ndarray | None,
-    arg: ReduceOp | int | None,
-) -> RepeatedCall | None:
-    """The fast path for later calls like this one (``x``: a numpy array that just went through the
-    general path, None for a barrier; ``arg``: the op of an all_reduce or reduce_scatter, the root of a
-    broadcast, None for an all_gather, an all_to_all or a barrier), or None where they cannot take it (the group is
-    not all on this host, a dtype numpy has no reduction loop for, ...).
-
-    Raises:
-        TypeError / ValueError: a bad op or root (the general path raised them first).
-    """
-    if job.recorder.timeline is not None:
-        return None  # the timeline records per-call phases the general path measures
-    try:
-        found = job.ring.existing_shared(spec, stream)
-        if found is None:
-            return None
-        group = found[0]
-        digest = signature.digest
-        common = (job, spec, stream, signature, found)
-        if kind == "barrier":
-            waiting = group.prepare_barrier(digest)
-            return None if waiting is None else RepeatedBarrier(*common, waiting)
-        assert x is not None  # every other kind has an array
-        average_over = spec.size if arg is ReduceOp.AVG else 0
-        if kind == "all_reduce":
-            assert isinstance(arg, ReduceOp)
-            reducing = group.prepare_all_reduce(x.dtype, x.size, reduced_as(arg), digest, x.shape)
-            if reducing is not None:
-                return RepeatedAllReduce(*common, reducing, average_over)
-            chunked = group.prepare_chunked("all_reduce", x.dtype, x.size, reduced_as(arg), digest)
-            return None if chunked is None else RepeatedChunkedAllReduce(*common, chunked, average_over)
-        if kind == "broadcast":
-            assert isinstance(arg, int)
-            sending = group.prepare_broadcast(x.dtype, x.size, arg, digest, x.shape)
-            if sending is not None:
-                return RepeatedBroadcast(*common, sending)
-            chunked = group.prepare_chunked("broadcast", x.dtype, x.size, arg, digest)
-            return None if chunked is None else RepeatedChunkedBroadcast(*common, chunked)
-        if kind == "all_gather":
-            shape = x.shape or (1,)  # a 0-d array counts as shape (1,)
-            gathered = (spec.size * shape[0], *shape[1:])
-            gathering = group.prepare_all_gather(x.dtype, x.size, digest)
-            if gathering is not None:
-                return RepeatedAllGather(gathered, *common, gathering)
-            chunked = group.prepare_chunked("all_gather", x.dtype, x.size, None, digest)
-            return None if chunked is None else RepeatedChunkedAllGather(gathered, *common, chunked)
-        if kind == "all_to_all":
-            moving = group.prepare_chunked("all_to_all", x.dtype, x.size // spec.size, None, digest)
-            return None if moving is None else RepeatedAllToAll(x.shape, *common, moving)
-        assert isinstance(arg, ReduceOp)
-        block_shape = (x.shape[0] // spec.size, *x.shape[1:])
-        count = x.size // spec.size
-        scattering = group.prepare_reduce_scatter(x.dtype, count, reduced_as(arg), digest)
-        if scattering is not None:
-            return RepeatedReduceScatter(block_shape, *common, scattering, average_over)
-        chunked = group.prepare_chunked("reduce_scatter", x.dtype, count, reduced_as(arg), digest)
-        return None if chunked is None else RepeatedChunkedReduceScatter(block_shape, *common, chunked, average_over)
-    except CollsvcError:
-        return None  # the group failed meanwhile: the general path raises it
-
-
 # How many (collective, dtype, shape, op or root) a Communicator keeps a fast path for (then it starts over).
 _KEPT = 64
 
@@ -144,25 +62,29 @@ class RepeatedCalls:
     barriers, learned from the general path.
 
     Args:
-        job / spec / stream: the Communicator's job, members and sequence stream.
+        calls: the job's call runner (what the calls record through, the job's failure flags).
+        cpu / gpu: the backends of the Communicator's numpy arrays and, on a job on NCCL, CuPy arrays.
+        spec: the Communicator's members; its calls are numbered in the stream of its name.
         check_usable: raises the job's failure or a member's departure (before a call is numbered).
         number: numbers the next call of the Communicator's stream.
     """
 
     def __init__(
         self,
-        job: Job,
+        calls: CallRunner,
+        cpu: Backend,
+        gpu: Backend | None,
         spec: GroupSpec,
-        stream: str,
         check_usable: Callable[[], None],
         number: Callable[[], int],
     ) -> None:
-        self._job, self._spec, self._stream = job, spec, stream
+        self._calls, self._cpu, self._spec = calls, cpu, spec
+        self._hooks = calls.hooks(spec.name)
         self._check_usable, self._number = check_usable, number
-        self._failure, self._departures, self._executor = job.failure, job.departed, job.executors.of(spec.name)
-        self._known: dict[_Key, RepeatedCall | None] = {}
+        self._failure, self._departures, self._executor = calls.failure, calls.departed, calls.executor_of(spec.name)
+        self._known: dict[_Key, PreparedCall | None] = {}
         self._enabled = fast_path_enabled()
-        self._gpu = gpu_calls(job, spec, stream) if self._enabled else None  # CuPy arrays on NCCL
+        self._gpu = gpu_calls(gpu, spec, self._hooks) if self._enabled else None  # CuPy arrays on NCCL
 
     def close(self) -> None:
         """The Communicator closed: every later call takes the general path (which raises that)."""
@@ -173,7 +95,7 @@ class RepeatedCalls:
     def _check(self) -> None:
         """Raises what the Communicator's usability check raises (the job's failure, a member's departure,
         a closed job); the flags first, without a call, while none is set."""
-        if self._failure.recorded is not None or self._departures.anyone_left or self._job.closed:
+        if self._failure.recorded is not None or self._departures.anyone_left or self._calls.closed:
             self._check_usable()
 
     def run(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool) -> Any:
@@ -185,7 +107,7 @@ class RepeatedCalls:
             The result when it ran, :data:`NOT_RUN` when the general path must run it.
 
         Raises:
-            As :meth:`RepeatedCall.run`, or the job's failure.
+            As ``PreparedCall.run`` (``backends/base.py``), or the job's failure.
         """
         if async_op:
             return NOT_RUN
@@ -229,7 +151,7 @@ class RepeatedCalls:
         now; False when the general path must run it.
 
         Raises:
-            As :meth:`RepeatedCall.run`, or the job's failure.
+            As ``PreparedCall.run`` (``backends/base.py``), or the job's failure.
         """
         repeated = self._known.get(_BARRIER_KEY)
         if repeated is None or self._executor.queued:
@@ -241,7 +163,7 @@ class RepeatedCalls:
     def learn_barrier(self) -> None:
         """Prepares the barrier's fast path (once), after a barrier took the general path."""
         if _BARRIER_KEY not in self._known and self._enabled:
-            self._known[_BARRIER_KEY] = _prepare("barrier", self._job, self._spec, self._stream, BARRIER, None, None)
+            self._known[_BARRIER_KEY] = self._prepare("barrier", BARRIER, None)
 
     def has_fast_path(self, kind: str, x: np.ndarray | None = None, arg: ReduceOp | int | None = None) -> bool:
         """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics;
@@ -270,17 +192,29 @@ class RepeatedCalls:
             return
         if len(self._known) >= _KEPT:
             self._known.clear()
-        prepared = _prepare(kind, self._job, self._spec, self._stream, signature, x, arg) if self._enabled else None
+        prepared = self._prepare(kind, signature, x) if self._enabled else None
         self._known[key] = prepared
 
+    def _prepare(self, kind: str, signature: Signature, x: np.ndarray | None) -> PreparedCall | None:
+        """The backend's faster road for later ``kind`` calls like this one (``x``: its numpy array, None
+        for a barrier), or None (the group is not all on this host, a dtype numpy has no reduction
+        loop for, a job recording its timeline, ...).
 
-def gpu_calls(job: Job, spec: GroupSpec, stream: str) -> Any:
+        Raises:
+            TypeError / ValueError: a bad op or root (the general path raised them first).
+        """
+        if self._hooks.recording_timeline:
+            return None  # the timeline records per-call phases the general path measures
+        return self._cpu.prepare(kind, signature, self._spec, self._hooks, x)
+
+
+def gpu_calls(gpu: Backend | None, spec: GroupSpec, hooks: CallHooks) -> Any:
     """The GPU fast path's calls of a Communicator (``backends/nccl/repeat.py``) on a job on NCCL, else None."""
-    if job.nccl is None:
+    if gpu is None:
         return None
     from collsvc.client.backends.nccl.repeat import GpuRepeatedCalls
 
-    return GpuRepeatedCalls(job, spec, stream)
+    return GpuRepeatedCalls(gpu, spec, hooks)
 
 
 def _tensor_views(x: Any, out: Any) -> tuple[np.ndarray, np.ndarray | None] | None:
@@ -299,7 +233,7 @@ def _tensor_views(x: Any, out: Any) -> tuple[np.ndarray, np.ndarray | None] | No
 def _may_repeat(x: Any, arg: Any, out: Any, async_op: bool) -> bool:
     """Whether a call could ever take a fast path: synchronous, on a numpy array (not a subclass), into a
     new array or a numpy ``out``, with a ReduceOp, an int root or no argument (an all_gather); anything
-    else the general path checks. Which ``out`` a fast path takes, :meth:`RepeatedCall.accepts` says."""
+    else the general path checks. Which ``out`` a fast path takes, ``PreparedCall.accepts`` says."""
     return (
         not async_op
         and type(x) is np.ndarray

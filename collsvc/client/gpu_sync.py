@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from collsvc.client.backends.base import Backend, GroupSpec, Signature
+from collsvc.client.calls import CallRunner
 from collsvc.client.job import Job
 from collsvc.client.work import OrderedExecutor, Work
 
@@ -17,6 +18,7 @@ class GpuSync:
     """Mixed into the Communicator (which sets these attributes)."""
 
     _job: Job
+    _calls: CallRunner
     _executor: OrderedExecutor
     name: str
 
@@ -30,8 +32,8 @@ class GpuSync:
             CollectiveTimeoutError (naming the late ranks) / RankFailedError / AbortedError /
                 CollsvcError: a collective failed, now or earlier.
         """
-        nccl: Any = self._job.nccl
-        if nccl is not None:
+        if self._job.backend_name == "nccl":
+            nccl: Any = self._job.backend_for(True)
             self._executor.run(nccl.synchronize)
 
     def _async_work(
@@ -45,7 +47,7 @@ class GpuSync:
     ) -> Work[Any]:
         """The Work of call ``seq`` of ``stream`` (submitted here): its ``wait()`` also settles a GPU
         call (the backend's ``settle``: raises what the watchdog found; in blocking mode, waits)."""
-        late = functools.partial(self._job.late_for, group, stream, seq, signature)
+        late = functools.partial(self._calls.late_for, group, stream, seq, signature)
         future = self._executor.submit(future_of)
         title = f"{signature.text} #{seq} in group '{self.name}'"
         return Work(future, title, late, getattr(backend, "settle", None))

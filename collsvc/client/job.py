@@ -1,7 +1,9 @@
-"""A joined job: everything one process holds for one job, shared by the world communicator and every
-sub-communicator made from it; liveness, backend choice, and running one numbered call.
+"""A joined job's lifecycle in this process: starting liveness, choosing the backend, closing.
 
-``client/joining.py`` (:func:`~collsvc.client.joining.connect`) joins a job and builds its :class:`Job`.
+``client/connect.py`` (:func:`~collsvc.client.connect.connect`) joins a job, builds its parts and the
+:class:`Job` that holds them. The Job hands its communicators the few things they share (the call
+runner of ``client/calls.py``, the coordinator's access, the backend for a call, the members); nobody
+else reaches into its parts.
 """
 
 from __future__ import annotations
@@ -9,33 +11,25 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Any
 
 from collsvc.client import fork_guard
-from collsvc.client.backends.base import Backend, Call, GroupSpec, Signature
+from collsvc.client.backends.base import Backend
 from collsvc.client.backends.ring.backend import RingBackend
 from collsvc.client.backends.ring.grpc_transport import GrpcTransport
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.ring.peer_server import PeerServer
-from collsvc.client.departures import Departures
+from collsvc.client.calls import CallRunner
+from collsvc.client.coordinator_access import CoordinatorAccess
 from collsvc.client.devices import choose_backend
 from collsvc.client.failure_state import FailureState
 from collsvc.client.heartbeat import Watcher
-from collsvc.client.progress import OpRecord, ProgressTracker
+from collsvc.client.job_handle import JobHandle
+from collsvc.client.progress import ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
-from collsvc.client.timeout_report import late_members, who_is_missing
 from collsvc.client.work import GroupExecutors
-from collsvc.errors import (
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    CollsvcError,
-    RankFailedError,
-)
+from collsvc.errors import CollectiveTimeoutError, RankFailedError
 from collsvc.observability.failure_report import install as install_failure_report
-from collsvc.observability.recorder import CallRecorder, Span
+from collsvc.observability.recorder import CallRecorder
 from collsvc.options import InitOptions
 from collsvc.proto.v1 import common_pb2, coordinator_pb2
 
@@ -46,7 +40,15 @@ LANE_DRAIN_SECONDS = 5.0
 
 
 class Job:
-    """One joined job in this process."""
+    """One joined job in this process: its parts, held for their lifecycle.
+
+    Attributes:
+        options: the resolved options it joined with. rank: this process's global rank.
+        members: every member, by rank. calls: runs the numbered calls of every communicator.
+        coordinator: the coordinator calls of communicators and the code on them.
+        handle: what code built on a communicator may see of the job (``comm.job``).
+        backend_name: "ring" or "nccl", chosen by :meth:`start`.
+    """
 
     def __init__(
         self,
@@ -60,10 +62,12 @@ class Job:
         transport: GrpcTransport,
         ring: RingBackend,
         failure: FailureState,
-        departed: Departures,
         progress: ProgressTracker,
         recorder: CallRecorder,
         watcher: Watcher,
+        executors: GroupExecutors,
+        coordinator: CoordinatorAccess,
+        calls: CallRunner,
     ) -> None:
         self.options = options
         self.client = client
@@ -77,13 +81,19 @@ class Job:
         self.nccl: Backend | None = None  # set by start() when the job runs on NCCL
         self.backend_name = "ring"
         self.failure = failure
-        self.departed = departed
         self.progress = progress
         self.recorder = recorder
         self.watcher = watcher
-        self.executors = GroupExecutors(f"collsvc-r{join.rank}")  # one per group: see GroupExecutors
-        self.closed = False
+        self.executors = executors
+        self.coordinator = coordinator
+        self.calls = calls
+        self.handle = JobHandle(options, int(join.job_incarnation), self.hosts, coordinator, calls)
         fork_guard.track(self)
+
+    @property
+    def closed(self) -> bool:
+        """Whether this process left the job."""
+        return self.calls.closed
 
     def forked(self) -> None:
         """In a child forked from this process: every call on the job (a collective, a coordinator
@@ -91,6 +101,7 @@ class Job:
         it at the fork) and listeners (they would abort the parent's backends and write its dump)."""
         self.failure.recorded = fork_guard.child_error(f"a call on job '{self.options.job_id}' (rank {self.rank})")
         self.client = fork_guard.ChildClient(self.failure.recorded)  # type: ignore[assignment]
+        self.coordinator.forked(self.failure.recorded)
 
     @functools.cached_property
     def hosts(self) -> dict[int, str]:
@@ -123,7 +134,7 @@ class Job:
                 timeout=self.options.timeout,
                 failure=self.failure,
                 device=next(m.device.index for m in self.members if m.rank == self.rank),
-                report=self.on_failure,  # a failure found after the call returned: named and recorded
+                report=self.calls.on_failure,  # a failure found after the call returned: named and recorded
             )
         self.backend_name = name
 
@@ -148,83 +159,8 @@ class Job:
             self.nccl.abort(error)
 
     def backend_for(self, on_gpu: bool) -> Backend:
+        """The backend a call runs on: NCCL for GPU arrays on a job on NCCL, else the ring backend."""
         return self.nccl if on_gpu and self.nccl is not None else self.ring
-
-    def check_usable(self, members: frozenset[int]) -> None:
-        """Raises the job's failure, or the first departure among ``members`` (the cause; later ones
-        may be its victims: members whose call failed because of it, and which then ended)."""
-        self.failure.check()
-        if self.departed:
-            error = self.departed.first_among(members)
-            if error is not None:
-                raise error
-
-    def execute(
-        self,
-        group: GroupSpec,
-        stream: str,
-        seq: int,
-        signature: Signature,
-        timeout: float | None,
-        body: Callable[[Call, Backend], Any],
-        backend: Backend,
-        gpu_context: Callable[[], AbstractContextManager[Any]] | None,
-    ) -> Any:
-        """Runs one numbered call now, on this thread: its deadline starts here; its progress and
-        timeline span are recorded; a failure is mapped by :meth:`on_failure`.
-
-        Raises:
-            CollsvcError: the job's failure before the call, or what the call failed with.
-        """
-        self.failure.check()
-        limit = self.options.timeout if timeout is None else timeout
-        call = Call(group, stream, seq, signature, time.monotonic() + limit, limit)
-        record = self.progress.start(stream, seq, signature.text)
-        span = self.recorder.start(call)
-        try:
-            if gpu_context is None:
-                result = body(call, backend)
-            else:
-                with gpu_context():
-                    result = body(call, backend)
-        except CollsvcError as exc:
-            raise self.call_failed(call, record, span, exc) from exc
-        self.progress.finish(record)
-        self.recorder.finish(span)
-        return result
-
-    def call_failed(self, call: Call, record: OpRecord, span: Span, error: CollsvcError) -> CollsvcError:
-        """Records a failed call (its progress ``record``, recorder ``span``); returns what its caller raises."""
-        self.progress.finish(record, type(error).__name__)
-        self.recorder.finish(span, type(error).__name__)
-        return self.on_failure(call, error)
-
-    def on_failure(self, call: Call, error: CollsvcError) -> CollsvcError:
-        """Turns a failed call into the error every caller sees, and tells the others.
-
-        Timeouts are enriched with who never entered the call; mismatches are reported to the
-        coordinator, which fans them out to every member. The job is failed from then on.
-        """
-        if isinstance(error, RankFailedError) and self._departure(error):
-            # A member left cleanly and this call needed it: only this call (and later calls of
-            # groups containing it, see Communicator._check_usable) fail; groups without it go on.
-            log.info("job %s rank %d: %s", self.options.job_id, self.rank, error)
-            return error
-        if isinstance(error, CollectiveTimeoutError) and self.failure.error() is None:
-            error = who_is_missing(self.client, self.hosts, self.rank, self.options.timeout, call, error)
-        if isinstance(error, CollectiveMismatchError):
-            details = {str(k): v for k, v in error.details.items()}
-            self.client.report(coordinator_pb2.EVENT_KIND_COLLECTIVE_MISMATCH, str(error), details)
-        self.failure.set(error)  # the first failure also writes the flight recorder (_write_flight_recorder)
-        recorded = self.failure.error()
-        return recorded if isinstance(recorded, CollsvcError) else error
-
-    def late_for(self, group: GroupSpec, stream: str, seq: int, signature: Signature) -> list[dict[str, Any]]:
-        """The ranks call ``seq`` of ``stream`` still waits for, as a timed-out call names them (for a
-        message: its peer). Never raises."""
-        call = Call(group, stream, seq, signature, 0.0)
-        peer = [{"rank": r} for r in group.ranks if r != self.rank] if call.point_to_point else []
-        return late_members(self.client, self.hosts, self.rank, call, peer)
 
     def _write_flight_recorder(self, error: BaseException) -> None:
         """Dumps the flight recorder on this rank's first failure, whether its own call or a job event
@@ -235,16 +171,12 @@ class Job:
         path = self.progress.dump(self.options.job_id, self.rank, error)
         log.error("job %s rank %d: %s (recent collectives in %s)", self.options.job_id, self.rank, error, path)
 
-    def _departure(self, error: RankFailedError) -> bool:
-        """Whether ``error`` only says that members left cleanly (no failure recorded meanwhile)."""
-        return self.failure.error() is None and self.departed.all_gone(error.ranks)
-
     def close(self) -> None:
         """Leaves the job and releases every resource (idempotent). In a forked child it only marks
         the job closed: the rank, not the child, is the member, and its resources are the rank's."""
-        if self.closed:
+        if self.calls.closed:
             return
-        self.closed = True
+        self.calls.closed = True
         if fork_guard.forked_child():
             return
         # A departure over a broken path (a cut link) ended a call of this member without failing the

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Protocol
 from collsvc.errors import RankFailedError
 
 if TYPE_CHECKING:
-    from collsvc.client.job import Job
+    from collsvc.client.calls import CallRunner
+    from collsvc.client.coordinator_access import CoordinatorAccess
     from collsvc.options import InitOptions
 
 
@@ -35,37 +36,58 @@ class KeyValueStore(Protocol):
 
 
 class JobHandle:
-    """The job of one or more Communicators, seen from code built on them (``comm.job``)."""
+    """The job of one or more Communicators, seen from code built on them (``comm.job``).
 
-    __slots__ = ("_job",)
+    Built once per joined job (``client/job.py``) from the parts it shows: the options, the incarnation,
+    the member table's hosts, the coordinator's access and the call runner (first failure, departures,
+    closed).
+    """
 
-    def __init__(self, job: Job) -> None:
-        self._job = job
+    __slots__ = ("_options", "_incarnation", "_hosts", "_coordinator", "_calls")
+
+    def __init__(
+        self,
+        options: InitOptions,
+        incarnation: int,
+        hosts: Mapping[int, str],
+        coordinator: CoordinatorAccess,
+        calls: CallRunner,
+    ) -> None:
+        self._options = options
+        self._incarnation = incarnation
+        self._hosts = hosts
+        self._coordinator = coordinator
+        self._calls = calls
 
     @property
     def options(self) -> InitOptions:
         """The resolved options this process joined the job with."""
-        return self._job.options
+        return self._options
+
+    @property
+    def timeout(self) -> float:
+        """The job's timeout in seconds (``options.timeout``): what a call may take unless told otherwise."""
+        return self._options.timeout
 
     @property
     def incarnation(self) -> int:
         """A number the coordinator gave this run of the job (a restarted job id gets another)."""
-        return int(self._job.join.job_incarnation)
+        return self._incarnation
 
     @property
     def store(self) -> KeyValueStore:
         """The job's key/value store on the coordinator."""
-        return self._job.client
+        return self._coordinator.client
 
     @property
     def closed(self) -> bool:
         """Whether this process left the job."""
-        return self._job.closed
+        return self._calls.closed
 
     @property
     def failure(self) -> BaseException | None:
         """The first failure this process saw in the job (None while there is none)."""
-        return self._job.failure.error()
+        return self._calls.failure.error()
 
     def check(self) -> None:
         """Raises the job's first failure, if there is one.
@@ -73,31 +95,31 @@ class JobHandle:
         Raises:
             CollsvcError: the failure (RankFailedError, AbortedError, CollectiveMismatchError, ...).
         """
-        self._job.failure.check()
+        self._calls.failure.check()
 
     @property
     def departed(self) -> Mapping[int, RankFailedError]:
         """Members that left the job cleanly, in the order they left, each with the error a call that
         needed it raises (a copy)."""
-        return self._job.departed.as_dict()
+        return self._calls.departed.as_dict()
 
     @property
     def hosts(self) -> Mapping[int, str]:
         """Global rank -> host name of every member."""
-        return self._job.hosts
+        return self._hosts
 
     @property
     def coordinator_lost(self) -> bool:
         """Whether this member's heartbeat stream to the coordinator is broken (and not yet restored)."""
-        return not self._job.client.link.up
+        return not self._coordinator.link_up
 
     def fail(self, error: BaseException) -> None:
         """Records ``error`` as the job's failure (unless one is recorded already): pending and later
         calls raise it, coordinator calls waiting for a lost coordinator included."""
-        self._job.failure.set(error)
-        self._job.client.link.give_up(self._job.failure.error() or error)
+        self._calls.fail(error)
+        self._coordinator.give_up(self._calls.failure.error() or error)
 
     def leave_now(self) -> None:
         """Tells the coordinator this member leaves, and nothing else (safe in a signal handler: it takes
         none of the job's locks). :meth:`Communicator.close` is the full, clean way out."""
-        self._job.client.leave()
+        self._coordinator.leave()

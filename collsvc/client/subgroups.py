@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from collsvc.client.coordinator_access import CoordinatorAccess
 from collsvc.client.job import Job
 from collsvc.client.placement import same_local_rank
 
@@ -19,6 +20,7 @@ class Subgroups:
     """Mixed into the Communicator (which sets these attributes and takes ``(job, name, global_ranks)``)."""
 
     _job: Job
+    _coordinator: CoordinatorAccess
     _ranks: tuple[int, ...]
     _lock: threading.Lock
     _groups: int
@@ -54,14 +56,14 @@ class Subgroups:
         group_name = name or f"{self.name}.{index}"
         global_ranks = [self._ranks[r] for r in members]
         self._check_usable()
-        self._job.client.new_group(group_name, global_ranks)
+        self._coordinator.new_group(group_name, global_ranks)
         if self.rank not in members:
             return None
         return type(self)(self._job, group_name, global_ranks)
 
     def find_group(self, name: str) -> list[int]:
         """The (job-wide) ranks of the group named ``name``, or [] if there is none."""
-        return self._job.client.find_group(name)
+        return self._coordinator.find_group(name)
 
     def subgroup(self, name: str, global_ranks: Sequence[int]) -> Self:
         """A communicator over the job-wide ``global_ranks``, created by those members only (unlike
@@ -76,7 +78,7 @@ class Subgroups:
         if self._job.rank not in ranks:
             raise ValueError(f"rank {self._job.rank} is not among the group's ranks {ranks}")
         self._check_usable()
-        self._job.client.new_group(name, ranks)
+        self._coordinator.new_group(name, ranks)
         return type(self)(self._job, name, ranks)
 
     @property

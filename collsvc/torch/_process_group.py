@@ -61,7 +61,7 @@ class ProcessGroupCollsvc(_ProcessGroup):  # type: ignore[misc]
         self._timeout = timeout
         # The Communicator bounds every call by the job's timeout; a group with a shorter one is
         # bounded where torch waits.
-        job_timeout = comm.job.options.timeout
+        job_timeout = comm.job.timeout
         self._wait_limit = timeout if timeout < job_timeout else None
         self._p2p = PointToPoint(comm)
         self._async_issuer = Issuer(comm, inline=False)

@@ -1,4 +1,4 @@
-"""The fast path for repeated calls larger than one shared-memory step (client/repeated.py,
+"""The fast path for repeated calls larger than one shared-memory step (backends/shm/repeated.py,
 ``RepeatedChunked*``, ``RepeatedAllToAll``): all_reduce, all_gather and reduce_scatter above 64 KiB,
 broadcasts above 256 KiB and all_to_all of every size, on real rank processes.
 

@@ -7,6 +7,13 @@ contiguous, flat (1-D) *native* arrays to a :class:`Backend` (numpy arrays for `
 The ring backend runs pure algorithms (``ring/algorithms.py``) over a :class:`Channel`: point-to-point
 frames among the members of one group for one call. Channels come from a transport: gRPC between hosts,
 shared memory within a host, or the in-memory twin used by unit tests.
+
+Repeated calls meet the general path here too: once a call took the general path, the Communicator's
+fast path (``client/fast_path.py``) asks the backend to prepare later calls like it
+(:meth:`Backend.prepare`). A backend with a faster road for them (the ring backend's shared-memory
+groups, ``backends/shm/repeated.py``) returns a :class:`PreparedCall`, which does the general path's
+bookkeeping itself through the :class:`CallHooks` the call runner (``client/calls.py``) gives it; one
+without returns None, and such calls keep the general path.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from collsvc.config import debug_enabled
-from collsvc.errors import CollectiveMismatchError
+from collsvc.errors import CollectiveMismatchError, CollsvcError
 from collsvc.types import ReduceOp
 
 
@@ -198,6 +205,77 @@ class Channel(Protocol):
         ...
 
 
+class StreamRecorder(Protocol):
+    """Records the progress of one stream's calls, run in order by one thread (``progress.StreamProgress``)."""
+
+    def start(self, seq: int, op: str, now: float) -> Any:
+        """Call ``seq``, doing ``op``, started at ``now`` (``time.time()``): its record."""
+        ...
+
+    def finish(self, record: Any, now: float) -> None:
+        """``record``'s call ended well at ``now``."""
+        ...
+
+
+class CallCounter(Protocol):
+    """Counts calls of one signature in one group (``stats.RepeatedCallCounter``)."""
+
+    def add(self, seconds: float) -> None:
+        """One call that ended well after ``seconds``."""
+        ...
+
+
+class CallHooks(Protocol):
+    """What a prepared call of one stream records through, given by the call runner.
+
+    Attributes:
+        stream: the stream the calls are numbered in (the Communicator's group name).
+        limit: seconds a call may take unless told otherwise (the job's timeout).
+    """
+
+    stream: str
+    limit: float
+
+    @property
+    def recording_timeline(self) -> bool:
+        """Whether the job records a timeline now (per-call phases only the general path measures)."""
+        ...
+
+    def progress(self) -> StreamRecorder:
+        """The stream's progress recorder (bind it once, when the call is prepared)."""
+        ...
+
+    def counter(self, signature: Signature, group: GroupSpec) -> CallCounter | None:
+        """The statistics' counter of ``signature`` in ``group`` (None when they keep no more)."""
+        ...
+
+    def failed(self, call: Call, record: Any, span: Any, error: CollsvcError) -> CollsvcError:
+        """Records the failed ``call`` (its progress ``record`` and ``(call, started_ns, 0)`` span) as
+        the general path does, and returns the error its caller raises."""
+        ...
+
+
+class PreparedCall(Protocol):
+    """Later calls of one (collective, dtype, shape, op or root) of one Communicator, worked out once."""
+
+    def accepts(self, x: Any, out: Any) -> bool:
+        """Whether a call of C-contiguous ``x`` with ``out`` may take this road."""
+        ...
+
+    def run(self, seq: int, x: Any, out: Any, limit: float | None = None) -> Any:
+        """Runs call ``seq`` of the stream with ``x`` and ``out`` (which it :meth:`accepts`); ``limit``:
+        seconds it may take (default: the hooks' limit).
+
+        Returns:
+            The result, written into ``out`` when given, else a new array (a barrier: None).
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError / RankFailedError / AbortedError: as the
+                general path raises them, recorded and reported the same way.
+        """
+        ...
+
+
 class Backend(Protocol):
     """Moves the bytes of collectives. Arrays are flat, contiguous and of the backend's native kind.
 
@@ -239,6 +317,20 @@ class Backend(Protocol):
         Returns:
             True once every member arrived; False, at once, when the backend has no data-plane barrier
             for this group (the caller then uses the coordinator's).
+        """
+        ...
+
+    def prepare(
+        self, kind: str, signature: Signature, group: GroupSpec, hooks: CallHooks, like: Any = None
+    ) -> PreparedCall | None:
+        """Later synchronous calls of ``group`` like one that just took the general path with
+        ``signature`` (``kind``: "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"
+        or "barrier"; ``like``: that call's array, None for a barrier), run without the general layers
+        and recording through ``hooks``; None where this backend has no faster road for them (or its
+        group failed meanwhile: the general path then raises that).
+
+        Raises:
+            TypeError / ValueError: a bad op or root (which the general path raised first).
         """
         ...
 

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from collsvc.client.backends.base import Backend, Call
+from collsvc.client.backends.base import Backend, Call, CallHooks, GroupSpec, PreparedCall, Signature
 from collsvc.client.backends.nccl.blocks import Blocks, ptr
 from collsvc.client.backends.nccl.dtypes import Mode, ReducePlan, describe, plan_reduction
 from collsvc.client.backends.nccl.group_comm import (
@@ -69,7 +69,7 @@ class NcclBackend(Launcher):
         blocking: whether each call waits on the host until the GPU finished it; None: from
             ``COLLSVC_NCCL_BLOCKING_WAIT`` (default: no, it returns once enqueued).
         report: ``report(call, error)`` for a failure the watchdog found after the call returned (a
-            timeout, NCCL's error): returns the error to raise from then on (the Job's ``on_failure``:
+            timeout, NCCL's error): returns the error to raise from then on (the call runner's ``on_failure``:
             it names the late ranks and records the job's failure). None: the error as found.
 
     Raises:
@@ -264,6 +264,14 @@ class NcclBackend(Launcher):
     def barrier(self, call: Call) -> bool:
         """No data-plane barrier here: barriers are host-side calls (the ring's or the coordinator's)."""
         return False
+
+    def prepare(
+        self, kind: str, signature: Signature, group: GroupSpec, hooks: CallHooks, like: Any = None
+    ) -> PreparedCall | None:
+        """No faster road through this seam: repeated all_reduce calls of CuPy arrays are learned by
+        their own fast path (``nccl/repeat.py``), keyed by the arrays' identity, which the Communicator
+        hands them to."""
+        return None
 
     # ----------------------------------------------------------------- the template (launching: launcher.py)
 

@@ -4,7 +4,7 @@ backend (``backend.py``) that is not about any one collective.
 :meth:`Launcher.launch` orders an operation on the group's stream after the caller's current stream and
 the caller's stream after it, hands it to the :class:`~collsvc.client.backends.nccl.watchdog.Watchdog`
 and returns (in blocking mode it waits on the host first). A failure the watchdog finds aborts every
-communicator at once, is reported through the backend's ``report`` (the Job names the late ranks and
+communicator at once, is reported through the backend's ``report`` (the call runner names the late ranks and
 records the job's failure) and is raised from then on: by the next call, ``settle`` (``Work.wait()``)
 and ``synchronize``.
 """

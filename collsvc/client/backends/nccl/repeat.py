@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from collsvc.client.backends.base import Call, GroupSpec, Signature
+from collsvc.client.backends.base import Backend, Call, CallHooks, GroupSpec, Signature
 from collsvc.client.backends.nccl.backend import NcclBackend
 from collsvc.client.backends.nccl.dtypes import describe
 from collsvc.client.backends.nccl.watchdog import Pending
@@ -61,25 +61,24 @@ class RepeatedGpuAllReduce:
     """All_reduce calls of one (dtype, shape, op) of one Communicator, on its NCCL communicator."""
 
     __slots__ = (
-        "_job", "_backend", "spec", "_stream", "signature", "_text", "_gc", "_args", "_progress", "_counter",
+        "_failed", "_backend", "spec", "_stream", "signature", "_text", "_gc", "_args", "_progress", "_counter",
         "_limit", "_cupy", "_enqueue",
     )  # fmt: skip
 
     def __init__(
         self,
-        job: Any,
+        hooks: CallHooks,
         backend: NcclBackend,
         spec: GroupSpec,
-        stream: str,
         signature: Signature,
         gc: Any,
         args: tuple[int, ...],
     ) -> None:
-        self._job, self._backend, self.spec, self._stream = job, backend, spec, stream
+        self._failed, self._backend, self.spec, self._stream = hooks.failed, backend, spec, hooks.stream
         self.signature, self._text, self._gc, self._args = signature, signature.text, gc, args
-        self._progress = job.progress.stream(stream)
-        self._counter = job.recorder.counter(signature, spec)
-        self._limit = float(job.options.timeout)
+        self._progress = hooks.progress()
+        self._counter = hooks.counter(signature, spec)
+        self._limit = float(hooks.limit)
         self._cupy = backend.cupy
         self._enqueue = gc.comm.allReduce
 
@@ -105,7 +104,7 @@ class RepeatedGpuAllReduce:
             self._backend.launch(self._gc, pending, self._enqueue, (address, address, count, dtype, op))
         except CollsvcError as exc:
             made = self.call(seq, deadline)
-            raise self._job.call_failed(made, record, (made, int(started * 1e9), 0), exc) from exc
+            raise self._failed(made, record, (made, int(started * 1e9), 0), exc) from exc
         ended = time.time()
         self._progress.finish(record, ended)
         if self._counter is not None:
@@ -117,14 +116,16 @@ class GpuRepeatedCalls:
     """The GPU fast paths of one Communicator, by (dtype, shape, op), learned from the general path.
 
     Args:
-        job: the Communicator's job (its NCCL backend, options, progress, recorder, failure).
-        spec / stream: the Communicator's members and sequence stream.
+        backend: the job's NCCL backend.
+        spec: the Communicator's members.
+        hooks: what its calls record through (``client/calls.py``), in the Communicator's stream.
     """
 
-    def __init__(self, job: Any, spec: GroupSpec, stream: str) -> None:
-        self._job, self._spec, self._stream = job, spec, stream
-        self._backend: NcclBackend = job.nccl
-        self._array_type = self._backend.array_type
+    def __init__(self, backend: Backend, spec: GroupSpec, hooks: CallHooks) -> None:
+        assert isinstance(backend, NcclBackend)  # the Communicator's GPU backend on a job on NCCL
+        self._hooks, self._spec = hooks, spec
+        self._backend: NcclBackend = backend
+        self._array_type: Any = self._backend.array_type
         self._known: dict[tuple[Any, ...], RepeatedGpuAllReduce | None] = {}
         self._kept: list[tuple[Any, Any]] = []
 
@@ -158,10 +159,10 @@ class GpuRepeatedCalls:
 
     def _prepare(self, x: Any, op: ReduceOp, signature: Signature) -> RepeatedGpuAllReduce | None:
         backend = self._backend
-        if self._job.recorder.timeline is not None or not x.flags.c_contiguous or x.size == 0:
+        if self._hooks.recording_timeline or not x.flags.c_contiguous or x.size == 0:
             return None
         args = backend.native_all_reduce(signature, op, int(x.size))
         gc = backend.existing_comm(self._spec, int(x.device.id))
         if args is None or gc is None:
             return None
-        return RepeatedGpuAllReduce(self._job, backend, self._spec, self._stream, signature, gc, args)
+        return RepeatedGpuAllReduce(self._hooks, backend, self._spec, signature, gc, args)

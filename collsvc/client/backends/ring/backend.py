@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.base import Backend, Call, Channel, GroupSpec
+from collsvc.client.backends.base import Backend, Call, CallHooks, Channel, GroupSpec, PreparedCall, Signature
 from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring import algorithms, compressed
 from collsvc.client.backends.ring.agreement import agree
@@ -34,7 +34,8 @@ from collsvc.client.backends.ring.host_barrier import pass_for_host
 from collsvc.client.backends.ring.topology import Topology, plan
 from collsvc.client.backends.shm.group import LocalGroup
 from collsvc.client.backends.shm.groups import CallWatch, LocalGroups
-from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError
+from collsvc.client.backends.shm.repeated import prepare_repeated
+from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, CollsvcError
 from collsvc.types import ReduceOp
 
 # Chunk of the hierarchical all_reduce pipeline: big enough that per-chunk overheads stay small,
@@ -175,12 +176,27 @@ class RingBackend:
     def existing_shared(self, group: GroupSpec, key: str) -> tuple[LocalGroup, CallWatch, tuple[int, ...]] | None:
         """The shared-memory group an earlier call of stream ``key`` of ``group`` made, with its watch and
         the global ranks of its members, when the whole group is on this host (what this backend's
-        collectives would run on): the Communicator's fast path prepares its calls there. Else None."""
+        collectives would run on): :meth:`prepare` prepares repeated calls there. Else None."""
         topo = self._topology(group)
         if topo is None or self._local_groups is None or not topo.single_host or group.size == 1:
             return None
         found = self._local_groups.existing(key, topo.local)
         return None if found is None else (found[0], found[1], topo.local)
+
+    def prepare(
+        self, kind: str, signature: Signature, group: GroupSpec, hooks: CallHooks, like: Any = None
+    ) -> PreparedCall | None:
+        """Repeated calls of a group all on this host, on the shared-memory group an earlier call of its
+        stream made (``shm/repeated.py``: the same steps and descriptors as this backend's collectives,
+        so ranks may mix the two roads); None for a group across hosts, or before its shared-memory group
+        exists, or once the group failed (its calls then take the general path, which raises that)."""
+        try:
+            found = self.existing_shared(group, hooks.stream)
+            if found is None:
+                return None
+            return prepare_repeated(kind, signature, group, hooks, found, like)
+        except CollsvcError:
+            return None
 
     def _use_hierarchy(self, topo: Topology) -> bool:
         if self._hierarchical == "never" or topo.hosts < 2:

@@ -7,7 +7,7 @@ broadcast: an empty answer when it passed, the error otherwise (its type and att
 :func:`collsvc.errors.error_details`).
 
 Nothing is blamed falsely: a member that never arrives keeps its host's leader from the leaders'
-barrier, so the others' timeouts first name its host's leader; the Job then asks the coordinator who
+barrier, so the others' timeouts first name its host's leader; the call runner then asks the coordinator who
 never started the call (progress from heartbeats), which names that one member.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from collsvc.errors import CollsvcError, build_error, error_details, reason_for
 
 # How long past the call's deadline the other members wait for the leader's answer: the leaders'
-# barrier ends at the deadline, and its answer (with the Job's question to the coordinator of who never
+# barrier ends at the deadline, and its answer (with the call runner's question to the coordinator of who never
 # started the call) may come a few seconds later on a loaded machine.
 ANSWER_GRACE = 15.0
 

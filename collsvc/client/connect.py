@@ -1,7 +1,9 @@
-"""Joining a job: the peer endpoint, the coordinator handshake, and the parts of the :class:`Job`.
+"""The composition root of a joined job: the peer endpoint, the coordinator handshake, and every part
+of the job, built here and only here.
 
-:func:`connect` returns a :class:`~collsvc.client.job.Job`: everything one process holds for one job,
-shared by the world communicator and every sub-communicator made from it.
+:func:`connect` returns a :class:`~collsvc.client.job.Job`, which holds the parts for their lifecycle
+and hands its communicators the few they use: the call runner (``client/calls.py``), the coordinator's
+access (``client/coordinator_access.py``), the backends. Nothing else reaches into the parts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collsvc.client.backends.ring.local_frames import for_job as frames_for_job
 from collsvc.client.backends.ring.mailbox import Mailbox
 from collsvc.client.backends.ring.peer_server import PeerServer
 from collsvc.client.backends.shm.groups import LocalGroups
+from collsvc.client.calls import CallRunner
+from collsvc.client.coordinator_access import CoordinatorAccess
 from collsvc.client.coordinator_channel import wait_for_launch_signal
 from collsvc.client.departures import Departures
 from collsvc.client.devices import local_device
@@ -27,6 +31,7 @@ from collsvc.client.job import Job
 from collsvc.client.peer_address import peer_binding
 from collsvc.client.progress import ProgressTracker
 from collsvc.client.rendezvous import CoordinatorClient
+from collsvc.client.work import GroupExecutors
 from collsvc.config import coordinator_ready_fd, timeline_target
 from collsvc.errors import (
     RendezvousError,
@@ -174,6 +179,20 @@ def _assemble(
         coordinator_grace=options.coordinator_grace,
         stats=recorder.stats.snapshot,
     )
+    coordinator = CoordinatorAccess(client)
+    executors = GroupExecutors(f"collsvc-r{join.rank}")  # one per group: see GroupExecutors
+    calls = CallRunner(
+        job_id=options.job_id,
+        rank=join.rank,
+        hosts=hosts,
+        timeout=options.timeout,
+        coordinator=coordinator,
+        failure=failure,
+        departed=departed,
+        progress=progress,
+        recorder=recorder,
+        executors=executors,
+    )
     return Job(
         options,
         client,
@@ -184,8 +203,10 @@ def _assemble(
         transport=transport,
         ring=ring,
         failure=failure,
-        departed=departed,
         progress=progress,
         recorder=recorder,
         watcher=watcher,
+        executors=executors,
+        coordinator=coordinator,
+        calls=calls,
     )

@@ -1,11 +1,14 @@
-"""The calls the Communicator's fast path repeats (``fast_path.py``): one class per collective, each
-holding what a call of one (collective, dtype, shape, op or root) needs, worked out once.
+"""Repeated calls on a shared-memory group: what the ring backend's ``prepare`` gives the Communicator's
+fast path (``client/fast_path.py``) for a group all on this host. One class per collective, each
+holding what a call of one (collective, dtype, shape, op or root) needs, worked out once
+(:func:`prepare_repeated`).
 
 Calls that fit one shared-memory step run the group's prepared methods (``shm/prepared.py``); larger
 ones (``RepeatedChunked*``) and every all_to_all (``RepeatedAllToAll``) run the group's own pipelined
-method directly: the same steps and
-descriptors as the general path, without the general layers around it (argument adaptation, work
-buffers, a ``Call``, recorder spans, the group lookup), which cost tens of microseconds per call.
+method directly: the same steps and descriptors as the general path, without the general layers
+around it (argument adaptation, work buffers, a ``Call``, recorder spans, the group lookup), which cost
+tens of microseconds per call. Each records progress, statistics and failures through the
+``CallHooks`` it was prepared with, bound once.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from collsvc.client.backends.base import Call, GroupSpec, Signature
-from collsvc.client.backends.reduction import finish_average
+from collsvc.client.backends.base import Call, CallHooks, GroupSpec, Signature
+from collsvc.client.backends.reduction import finish_average, reduced_as
 from collsvc.client.backends.ring.global_ranks import in_global_ranks
 from collsvc.client.backends.shm.group import LocalGroup
 from collsvc.client.backends.shm.groups import CallWatch
-from collsvc.client.job import Job
 from collsvc.errors import CollsvcError
+from collsvc.types import ReduceOp
 
 # The shared-memory group of a Communicator on one host, as ``RingBackend.existing_shared`` finds it: the
 # group, the watch that must follow each call (its departure check and mismatch label), and the global
@@ -29,12 +32,70 @@ from collsvc.errors import CollsvcError
 Shared = tuple[LocalGroup, CallWatch, tuple[int, ...]]
 
 
+def prepare_repeated(
+    kind: str, signature: Signature, spec: GroupSpec, hooks: CallHooks, shared: Shared, like: np.ndarray | None
+) -> RepeatedCall | None:
+    """Later calls like one that just took the general path with ``signature`` on the shared-memory group
+    ``shared`` (``like``: its numpy array, None for a barrier; the op of an all_reduce or reduce_scatter
+    and the root of a broadcast are the signature's), or None where they cannot take a faster road (a
+    dtype numpy has no reduction loop for, ...).
+
+    Raises:
+        CollsvcError: the group failed meanwhile (the caller then keeps the general path, which raises it).
+        TypeError / ValueError: a bad op or root (the general path raised them first).
+    """
+    group = shared[0]
+    digest = signature.digest
+    common = (hooks, spec, signature, shared)
+    if kind == "barrier":
+        waiting = group.prepare_barrier(digest)
+        return None if waiting is None else RepeatedBarrier(*common, waiting)
+    assert like is not None  # every other kind has an array
+    x = like
+    op = ReduceOp[signature.reduce_op] if signature.reduce_op else None
+    average_over = spec.size if op is ReduceOp.AVG else 0
+    if kind == "all_reduce":
+        assert op is not None
+        reducing = group.prepare_all_reduce(x.dtype, x.size, reduced_as(op), digest, x.shape)
+        if reducing is not None:
+            return RepeatedAllReduce(*common, reducing, average_over)
+        chunked = group.prepare_chunked("all_reduce", x.dtype, x.size, reduced_as(op), digest)
+        return None if chunked is None else RepeatedChunkedAllReduce(*common, chunked, average_over)
+    if kind == "broadcast":
+        root = signature.root
+        assert root is not None
+        sending = group.prepare_broadcast(x.dtype, x.size, root, digest, x.shape)
+        if sending is not None:
+            return RepeatedBroadcast(*common, sending)
+        chunked = group.prepare_chunked("broadcast", x.dtype, x.size, root, digest)
+        return None if chunked is None else RepeatedChunkedBroadcast(*common, chunked)
+    if kind == "all_gather":
+        shape = x.shape or (1,)  # a 0-d array counts as shape (1,)
+        gathered = (spec.size * shape[0], *shape[1:])
+        gathering = group.prepare_all_gather(x.dtype, x.size, digest)
+        if gathering is not None:
+            return RepeatedAllGather(gathered, *common, gathering)
+        chunked = group.prepare_chunked("all_gather", x.dtype, x.size, None, digest)
+        return None if chunked is None else RepeatedChunkedAllGather(gathered, *common, chunked)
+    if kind == "all_to_all":
+        moving = group.prepare_chunked("all_to_all", x.dtype, x.size // spec.size, None, digest)
+        return None if moving is None else RepeatedAllToAll(x.shape, *common, moving)
+    assert op is not None  # a reduce_scatter
+    block_shape = (x.shape[0] // spec.size, *x.shape[1:])
+    count = x.size // spec.size
+    scattering = group.prepare_reduce_scatter(x.dtype, count, reduced_as(op), digest)
+    if scattering is not None:
+        return RepeatedReduceScatter(block_shape, *common, scattering, average_over)
+    chunked = group.prepare_chunked("reduce_scatter", x.dtype, count, reduced_as(op), digest)
+    return None if chunked is None else RepeatedChunkedReduceScatter(block_shape, *common, chunked, average_over)
+
+
 class RepeatedCall:
     """Calls of one collective, shape and argument (op or root) of one Communicator, on its shared-memory
     group: the bookkeeping every call does (numbering is the caller's), around :meth:`_move`."""
 
     __slots__ = (
-        "_job",
+        "_failed",
         "_spec",
         "_stream",
         "_signature",
@@ -51,26 +112,25 @@ class RepeatedCall:
 
     def __init__(
         self,
-        job: Job,
+        hooks: CallHooks,
         spec: GroupSpec,
-        stream: str,
         signature: Signature,
         shared: Shared,
         plan: Any,
         average_over: int = 0,
     ) -> None:
-        """``plan``: what the group's ``prepare_*`` made for these calls; ``average_over``: the group size
-        to divide a sum by (AVG), else 0."""
-        self._job = job
+        """``hooks``: what the calls record through (bound here, once); ``plan``: what the group's
+        ``prepare_*`` made for these calls; ``average_over``: the group size to divide a sum by (AVG), else 0."""
+        self._failed = hooks.failed
         self._spec = spec
-        self._stream = stream
+        self._stream = hooks.stream
         self._signature, self._text = signature, signature.text
         self._group, self._watch, self._local = shared
         self._plan = plan
         self._average_over = average_over
-        self._progress = job.progress.stream(stream)
-        self._counter = job.recorder.counter(signature, spec)
-        self._limit = job.options.timeout
+        self._progress = hooks.progress()
+        self._counter = hooks.counter(signature, spec)
+        self._limit = hooks.limit
 
     def accepts(self, x: np.ndarray, out: Any) -> bool:
         """Whether a call of C-contiguous ``x`` with ``out`` may take this path: a new result, or ``x``
@@ -98,7 +158,7 @@ class RepeatedCall:
             call = Call(self._spec, self._stream, seq, signature, deadline, limit)
             error = in_global_ranks(call, self._local, exc)
             span = (call, int(started * 1e9), 0)
-            raise self._job.call_failed(call, record, span, error) from error
+            raise self._failed(call, record, span, error) from error
         ended = time.time()
         self._progress.finish(record, ended)
         if self._counter is not None:
