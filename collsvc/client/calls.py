@@ -81,6 +81,12 @@ class CallRunner:
             if error is not None:
                 raise error
 
+    def ended_by(self) -> BaseException | None:
+        """What this member's job ended on, as its Leave tells the others: the job's failure, or else a
+        departure over a broken path (a cut link) that ended one of its calls without failing the job
+        (a member that left is not a failure here). None when neither happened."""
+        return self.failure.error() or self.departed.first_unreachable()
+
     def execute(
         self,
         group: GroupSpec,

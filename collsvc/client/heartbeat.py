@@ -287,6 +287,11 @@ class Watcher:
                     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
                 self._stopping.wait(0.2)  # reconnect backoff while the coordinator may be restarting
 
+    @property
+    def interval(self) -> float:
+        """Seconds between this member's heartbeats (the job's pace)."""
+        return self._interval
+
     def _handle(self, event: coordinator_pb2.WatchEvent) -> None:
         if event.kind == Events.EVENT_KIND_PROGRESS_WANTED:  # a peer timed out: who started what, now
             self._outbox.put(coordinator_pb2.WatchRequest(progress=self._progress.snapshot(), answers=event.request_id))

@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 # How long a member that finished cleanly waits for its peers to confirm the frames it sent over bulk
 # lanes before it leaves (ring/lanes.py): only a stopped or cut-off peer takes that long.
 LANE_DRAIN_SECONDS = 5.0
+# How long a Leave may wait for the coordinator: at least LEAVE_SECONDS, and as many heartbeat
+# intervals as the coordinator waits for a silent member by default. A Leave given up on is cancelled,
+# and the heartbeat stream closing after it reads as a member that died: on a host crowded past what
+# the default pace covers (collsvc run -n 256 on 2 cores: one "failed" member in 9 of 10 runs), the
+# coordinator answers slowly but still within the job's own pace.
+LEAVE_SECONDS = 5.0
+LEAVE_INTERVALS = 5.0
 
 
 class Job:
@@ -179,9 +186,7 @@ class Job:
         self.calls.closed = True
         if fork_guard.forked_child():
             return
-        # A departure over a broken path (a cut link) ended a call of this member without failing the
-        # job (a member that left is not a failure here): it is still what this member ends after.
-        failure = self.failure.error() or self.departed.first_unreachable()
+        failure = self.calls.ended_by()
         # Ranks that failed, left or were late: named to the others, with the error, so that they blame
         # them and not this member, which merely ended after them.
         blamed = failure.ranks if isinstance(failure, (RankFailedError, CollectiveTimeoutError)) else []
@@ -189,7 +194,9 @@ class Job:
         if failure is None:  # a failed job's frames no longer matter: its peers learn of it at once
             self.transport.drain(LANE_DRAIN_SECONDS)
         unreachable = isinstance(failure, RankFailedError) and failure.unreachable
-        self.client.leave(self.progress.snapshot(), cause, str(failure) if cause else "", unreachable=unreachable)
+        reason = str(failure) if cause else ""
+        within = max(LEAVE_SECONDS, LEAVE_INTERVALS * self.watcher.interval)
+        self.client.leave(self.progress.snapshot(), cause, reason, unreachable=unreachable, within=within)
         self.watcher.stop()
         self.recorder.close()
         self.executors.shutdown()
