@@ -47,5 +47,7 @@ def test_128_ranks_on_this_host_pass_three_barriers(tmp_path: Path) -> None:
     result = run_cli("run", "-n", str(n), str(script), timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "missed heartbeats" not in result.stderr + result.stdout
+    # Nor a member that left taken for one that died (a Leave the crowded coordinator answered late).
+    assert "closed without leaving" not in result.stderr + result.stdout
     assert f"collsvc run: {n} ranks on {usable_cores()} cores: ranks heartbeat every" in result.stderr
     print(f"MEASURED collsvc run -n {n} (3 barriers): {result.seconds:.1f}s")
