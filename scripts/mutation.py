@@ -27,17 +27,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = [
     "collsvc/client/ops.py",
     "collsvc/client/operands.py",
     "collsvc/client/fast_path.py",
-    "collsvc/client/repeated.py",
+    "collsvc/client/backends/shm/repeated.py",
     "collsvc/client/backends/shm/steps.py",
     "collsvc/client/backends/shm/prepared.py",
     "collsvc/client/backends/shm/group.py",
 ]
+# Targets that moved since earlier runs (old path -> new path): --recheck maps an old run's survivors.
+MOVED = {"collsvc/client/repeated.py": "collsvc/client/backends/shm/repeated.py"}
 _FLIP = {
     ast.Lt: ast.LtE,
     ast.LtE: ast.Lt,
@@ -62,6 +65,7 @@ class Mutant:
     mutated: str
     start: tuple[int, int]
     end: tuple[int, int]
+    context: str = ""  # the source line(s) the mutant changes, stripped: finds it again after edits
     outcome: str = "not run"
     seconds: float = 0.0
 
@@ -159,8 +163,69 @@ def generate(path: str) -> list[Mutant]:
             start = (node.lineno, node.col_offset)
             end = (node.end_lineno or node.lineno, node.end_col_offset or 0)
             text = text if isinstance(node, ast.Slice) else f"({text})"
-            mutants.append(Mutant(path, line, kind, original, text, start, end))
+            context = _context(lines, node.lineno, node.end_lineno or node.lineno)
+            mutants.append(Mutant(path, line, kind, original, text, start, end, context))
     return mutants
+
+
+def _context(lines: list[str], first: int, last: int) -> str:
+    """Lines ``first``..``last`` (1-based) of a source, each stripped, joined by one space."""
+    return " ".join(text.strip() for text in lines[first - 1 : last])
+
+
+def _tree() -> str:
+    """The commit the run's tree is at (with "+changes" when the working tree differs from it)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "collsvc", "tests"], cwd=ROOT, capture_output=True)
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def _old_context(tree: str, previous: dict[str, Any], cache: dict[str, list[str] | None]) -> str:
+    """The source line(s) an earlier run's mutant changed, read from commit ``tree`` (empty if unknown)."""
+    if previous.get("context"):
+        return str(previous["context"])
+    path = previous["path"]
+    if path not in cache:
+        shown = subprocess.run(["git", "show", f"{tree}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        cache[path] = shown.stdout.splitlines(keepends=True) if shown.returncode == 0 else None
+    lines = cache[path]
+    if lines is None:
+        return ""
+    return _context(lines, previous["start"][0], previous["end"][0])
+
+
+def match_survivors(mutants: list[Mutant], previous: list[dict[str, Any]], tree: str) -> list[Mutant]:
+    """The mutants of this tree that an earlier run's survivors stand for (lines may have moved, files
+    too: :data:`MOVED`): the same change of the same text on the same source line(s), the nearest to
+    the old line where several match; a survivor whose line is gone matches nothing (it is reported)."""
+    cache: dict[str, list[str] | None] = {}
+    found: list[Mutant] = []
+    for old in previous:
+        if old["outcome"] != "survived":
+            continue
+        path = MOVED.get(old["path"], old["path"])
+        context = _old_context(tree, old, cache)
+        same = [
+            m
+            for m in mutants
+            if (m.path, m.kind, m.original, m.mutated) == (path, old["kind"], old["original"], old["mutated"])
+            and (not context or m.context == context)
+        ]
+        if not same and context:  # moved to another target file (a refactor), same line of source
+            same = [
+                m
+                for m in mutants
+                if (m.kind, m.original, m.mutated, m.context) == (old["kind"], old["original"], old["mutated"], context)
+            ]
+        if not same:
+            print(f"gone     {old['path']}:{old['line']} {old['kind']}: {old['original']!r}", flush=True)
+            continue
+        best = min(same, key=lambda m: abs(m.line - old["line"]))
+        if best not in found:
+            found.append(best)
+    return found
 
 
 def apply(source: str, mutant: Mutant) -> str:
@@ -201,12 +266,13 @@ def main() -> int:
     parser.add_argument("--out", default="mutation.json")
     parser.add_argument("--list", action="store_true", help="only count and list the mutants")
     parser.add_argument("--recheck", help="a previous run's JSON: run its survivors again (after new cases)")
+    parser.add_argument("--tree", help="with --recheck: the commit the previous run ran on (default: its record)")
     args = parser.parse_args()
     mutants = [m for path in args.files for m in generate(path)]
     if args.recheck:
-        previous = json.loads(Path(args.recheck).read_text())["mutants"]
-        wanted = {(m["path"], m["line"], m["kind"], m["original"]) for m in previous if m["outcome"] == "survived"}
-        mutants = [m for m in mutants if (m.path, m.line, m.kind, m.original) in wanted]
+        record = json.loads(Path(args.recheck).read_text())
+        tree = args.tree or str(record.get("tree", "")).split("+")[0]
+        mutants = match_survivors(mutants, record["mutants"], tree)
     generated = {path: sum(m.path == path for m in mutants) for path in args.files}
     print(f"{len(mutants)} mutants: {generated}", flush=True)
     if args.list:
@@ -252,6 +318,7 @@ def main() -> int:
         "invalid": sum(m.outcome == "invalid" for m in mutants),
         "seconds": round(time.monotonic() - began),
         "seed": args.seed,
+        "tree": _tree(),
         "mutants": [asdict(m) for m in mutants if m.outcome != "not run"],
     }
     Path(args.out).write_text(json.dumps(summary, indent=1))

@@ -52,26 +52,61 @@ COLLECTIVES = (
 )
 
 # The call forms each collective defines (docs/api.md).
+# "list_one": a list of one array; "strided_out": a strided ``out`` apart from ``x``; "mixed": the
+# group's last member passes a strided view, the others a contiguous array (on one host, their repeats
+# take the fast path while the last member's take the general path: the two must meet); "readonly": a
+# read-only ``x`` (numpy) where the call only reads it.
 FORMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("plain", "out", "inplace", "async", "list", "noncontig", "noncontig_inplace"),
-    "reduce": ("plain", "out", "inplace", "async", "noncontig"),
-    "broadcast": ("plain", "out", "inplace", "async", "list", "noncontig", "noncontig_inplace"),
-    "all_gather": ("plain", "out", "async", "list", "noncontig"),
-    "reduce_scatter": ("plain", "out", "async", "noncontig"),
-    "gather": ("plain", "out", "async", "noncontig"),
-    "scatter": ("plain", "out", "none_x", "async", "noncontig"),
-    "all_to_all": ("plain", "out", "async", "noncontig"),
+    "all_reduce": (
+        "plain",
+        "out",
+        "inplace",
+        "async",
+        "list",
+        "list_one",
+        "noncontig",
+        "noncontig_inplace",
+        "strided_out",
+        "mixed",
+        "readonly",
+    ),
+    "reduce": ("plain", "out", "inplace", "async", "noncontig", "strided_out", "readonly"),
+    "broadcast": (
+        "plain",
+        "out",
+        "inplace",
+        "async",
+        "list",
+        "list_one",
+        "noncontig",
+        "noncontig_inplace",
+        "strided_out",
+        "mixed",
+    ),
+    "all_gather": ("plain", "out", "async", "list", "list_one", "noncontig", "mixed", "readonly"),
+    "reduce_scatter": ("plain", "out", "async", "noncontig", "mixed", "readonly"),
+    "gather": ("plain", "out", "async", "noncontig", "readonly"),
+    "scatter": ("plain", "out", "none_x", "async", "noncontig", "readonly"),
+    "all_to_all": ("plain", "out", "async", "noncontig", "mixed", "readonly"),
     "send_recv": ("shape", "out", "any", "noncontig"),
     "barrier": ("plain", "timeout"),
     "objects": ("broadcast_object", "all_gather_object"),
 }
-# Shapes: 0-d, empty, 1-D and 2-D (a list form holds one of these and a small 1-D array).
-SHAPES = ("0d", "empty", "1d", "2d")
+# Shapes: 0-d, empty, one element (one row per member where split in blocks), 1-D and 2-D (a list form
+# holds one of these and a small 1-D array).
+SHAPES = ("0d", "empty", "one", "1d", "2d")
 # Sub-communicators made with new_group on every world size: "tail" (ranks 1..n-1), "ends" (0 and n-1).
 GROUPS = ("world", "tail", "ends")
 KINDS = ("numpy", "torch")
 # Local errors the API promises (raised on every rank before anything is sent).
-ERRORS = ("op_dtype", "out_shape", "out_dtype", "out_readonly", "rows", "list_dtypes")
+ERRORS = ("op_dtype", "out_shape", "out_dtype", "out_readonly", "rows", "list_dtypes", "mismatch")
+# The collectives that move array data among a group's members (not send/recv, barrier, objects).
+GROUP_COLLECTIVES = tuple(c for c in COLLECTIVES if c not in ("send_recv", "barrier", "objects"))
+# Over shared memory each call's first step checks the members' calls agree: a "mismatch" case (one per
+# job, see mismatches()) raises CollectiveMismatchError on every member. By world size: reduce_scatter
+# (its steps carry pieces for every peer), an all_reduce whose float64 side is pipelined while the
+# float32 side takes one step, an all_gather (its steps carry pieces of one's own block).
+MISMATCH_BY_SIZE = {2: ("reduce_scatter", "tiny"), 3: ("all_reduce", "step"), 4: ("all_gather", "tiny")}
 
 
 @dataclass(frozen=True)
@@ -136,6 +171,8 @@ def input_shape(case: Case, n: int) -> tuple[int, ...]:
         return ()
     if case.shape == "empty":
         return (0,) if case.coll not in ROWS else (0, 3)
+    if case.shape == "one":
+        return (n,) if case.coll in ROWS else (1,)
     count = elements(case.size, case.dtype)
     if case.coll == "scatter" or case.coll == "all_to_all" or case.coll == "reduce_scatter":
         if case.shape == "2d":
@@ -146,6 +183,11 @@ def input_shape(case: Case, n: int) -> tuple[int, ...]:
     if case.shape == "2d":
         return (max(1, count // 3), 3)
     return (count,)
+
+
+def strided(form: str) -> bool:
+    """Whether ``form`` passes a strided array (``x``, ``out``, or ``x`` on one member): 2-D cases only."""
+    return form.startswith("noncontig") or form in ("strided_out", "mixed")
 
 
 def torch_dtypes() -> set[str]:
@@ -183,11 +225,11 @@ def _valid(case: Case, n: int) -> bool:
         return False
     if case.coll in ("barrier", "objects"):
         return case.dtype == "float32" and case.shape == "1d" and case.size == "tiny"
-    if case.form == "list" and case.shape == "0d":
+    if case.form in ("list", "list_one") and case.shape == "0d":
         return True
-    if case.form.startswith("noncontig") and case.shape != "2d":
+    if strided(case.form) and case.shape != "2d":
         return False
-    if case.size != "tiny" and case.shape in ("0d", "empty"):
+    if case.size != "tiny" and case.shape in ("0d", "empty", "one"):
         return False
     return not (case.coll == "send_recv" and members < 2)
 
@@ -278,6 +320,8 @@ def full_product(n: int, transport: str) -> Iterator[Case]:
                 if keep(case):
                     yield case
     yield from errors(n)
+    yield from mismatches(n, transport)
+    yield from single_host(n, transport)
 
 
 def errors(n: int) -> Iterator[Case]:
@@ -307,6 +351,27 @@ def errors(n: int) -> Iterator[Case]:
         yield Case("send_recv", "shape", "float32", expect="ValueError")
 
 
+def mismatches(n: int, transport: str) -> Iterator[Case]:
+    """A call the members disagree on (the group's last member passes float64, the others float32), on
+    one host with shared memory: every member raises CollectiveMismatchError. A mismatch breaks the job
+    (``JobBrokenError``), so a job runs one, after every other case (``driver.py``); which one depends on
+    the world size (:data:`MISMATCH_BY_SIZE`)."""
+    if transport != "shm" or n not in MISMATCH_BY_SIZE:
+        return
+    coll, size = MISMATCH_BY_SIZE[n]
+    root = n - 1 if coll in ROOTED else None
+    op = "SUM" if coll in REDUCING else None
+    yield Case(coll, "mismatch", "float32", op, "1d", size, root=root, expect="CollectiveMismatchError")
+
+
+def single_host(n: int, transport: str) -> Iterator[Case]:
+    """Calls whose result is exact only within one host: a compressed all_reduce (compression applies
+    between hosts only, docs/api.md)."""
+    if transport in ("shm", "noshm") and n > 1:
+        yield Case("all_reduce", "compressed", "float32", "SUM", "1d")
+        yield Case("all_reduce", "compressed", "float64", "AVG", "2d", "step")
+
+
 # The CI jobs that run the whole dtype x op table (the shared-memory kernels and the gRPC algorithms'):
 # the others run every dtype and every op, not every pair.
 FULL_TABLE_JOBS = {(2, "shm"), (2, "grpc")}
@@ -320,6 +385,12 @@ SLOTS_JOBS: dict[tuple[int, str], tuple[str, ...]] = {
     (2, "grpc"): COLLECTIVES,
     (4, "hier"): ("all_reduce",),
 }
+# The quick slice's calls above one slot: every collective of a shared-memory group (pieces after the
+# first start at a nonzero offset within each block), and the all_reduce over gRPC frames.
+QUICK_SLOTS_JOBS: dict[tuple[int, str], tuple[str, ...]] = {
+    (2, "shm"): GROUP_COLLECTIVES,
+    (2, "grpc"): ("all_reduce",),
+}
 
 
 def ci_slice(n: int, transport: str, quick: bool = False) -> list[Case]:
@@ -329,7 +400,7 @@ def ci_slice(n: int, transport: str, quick: bool = False) -> list[Case]:
     have_torch = set() if quick and transport != "shm" else torch_dtypes()
     chosen: dict[str, Case] = {}
     thin = quick or (n, transport) not in FULL_TABLE_JOBS
-    slots = ("all_reduce",) if quick else SLOTS_JOBS.get((n, transport), ())
+    slots = QUICK_SLOTS_JOBS.get((n, transport), ()) if quick else SLOTS_JOBS.get((n, transport), ())
 
     def add(case: Case) -> None:
         if case.kind == "torch" and case.dtype not in have_torch:
@@ -349,7 +420,7 @@ def ci_slice(n: int, transport: str, quick: bool = False) -> list[Case]:
             continue
         # Every form, on a rotating dtype / shape / kind.
         for i, form in enumerate(forms):
-            for shape in ("1d", "2d") if not form.startswith("noncontig") else ("2d",):
+            for shape in ("1d", "2d") if not strided(form) else ("2d",):
                 dtype = DTYPES[(i * 5 + len(shape)) % len(DTYPES)]
                 op = _ops(coll)[i % len(_ops(coll))]
                 op = op if op is None or allowed(ReduceOp[op], dtype) else "SUM"
@@ -362,7 +433,7 @@ def ci_slice(n: int, transport: str, quick: bool = False) -> list[Case]:
                 ops = [ops[j % len(ops)]]
             for k, op in enumerate(ops):
                 form = forms[(j + k) % len(forms)]
-                if form.startswith("noncontig"):
+                if strided(form):
                     form = forms[0]
                 add(Case(coll, form, dtype, op, "1d", root=root, kind=KINDS[(j + k) % 2]))
         # Every shape; every size class on three dtypes, on the forms the fast path repeats.
@@ -388,7 +459,9 @@ def ci_slice(n: int, transport: str, quick: bool = False) -> list[Case]:
             add(Case(coll, forms[0], "float32", "SUM" if coll in REDUCING else None, "1d", "step", groot, group))
         if root is not None and n > 2:
             add(Case(coll, forms[0], "int64", "SUM" if coll in REDUCING else None, "2d", root=0))
-    for case in errors(n):  # the error table whole (its calls are not valid by design)
+    for case in itertools.chain(errors(n), mismatches(n, transport)):  # whole (not valid calls by design)
+        chosen.setdefault(case.describe(), case)
+    for case in single_host(n, transport):
         chosen.setdefault(case.describe(), case)
     return list(chosen.values())
 

@@ -19,7 +19,7 @@ import numpy as np
 
 import collsvc
 from collsvc.types import ReduceOp
-from tests.conformance.cases import Case, group_ranks, input_shape
+from tests.conformance.cases import Case, group_ranks, input_shape, strided
 from tests.multiproc.checks import assert_close, np_dtype, reference
 
 REPEATS = 3
@@ -82,21 +82,32 @@ def digest(array: np.ndarray) -> str:
 
 class Buffers:
     """One case's arrays on one rank, kept across its repetitions: the input (contiguous, or a strided
-    view of a larger base), an ``out`` and the list forms' pieces."""
+    view of a larger base: ``strided_x``), an ``out`` (a strided view for "strided_out") and the list
+    forms' pieces."""
 
-    def __init__(self, case: Case, shape: tuple[int, ...], result_shape: tuple[int, ...] | None) -> None:
+    def __init__(
+        self, case: Case, shape: tuple[int, ...], result_shape: tuple[int, ...] | None, *, strided_x: bool
+    ) -> None:
         dt = np_dtype(case.dtype)
         self.case = case
-        if case.form.startswith("noncontig"):
+        self.strided_x = strided_x
+        if strided_x:
             base = np.zeros((shape[0], 2 * shape[1]), dt)
             self.base = base
             self.x_np = base[:, ::2]
         else:
             self.base = np.zeros(shape, dt)
             self.x_np = self.base
-        self.x = as_kind(self.x_np, case.kind) if case.kind == "numpy" else _torch_view(self.base, case)
-        self.out_np = np.zeros(result_shape, dt) if result_shape is not None else None
-        self.out = None if self.out_np is None else as_kind(self.out_np, case.kind)
+        self.x = as_kind(self.x_np, case.kind) if case.kind == "numpy" else _torch_view(self.base, strided_x)
+        self.out_np: np.ndarray | None = None
+        self.out: Any = None
+        if result_shape is not None and case.form == "strided_out":
+            out_base = np.zeros((result_shape[0], 2 * result_shape[1]), dt)
+            self.out_np = out_base[:, ::2]
+            self.out = as_kind(self.out_np, case.kind) if case.kind == "numpy" else as_kind(out_base, case.kind)[:, ::2]
+        elif result_shape is not None:
+            self.out_np = np.zeros(result_shape, dt)
+            self.out = as_kind(self.out_np, case.kind)
         self.extra_np = np.zeros((3,), dt)  # the list forms' second array
         self.extra = as_kind(self.extra_np, case.kind)
 
@@ -107,9 +118,9 @@ class Buffers:
             self.out_np[...] = np.array(SENTINEL).astype(self.out_np.dtype)
 
 
-def _torch_view(base: np.ndarray, case: Case) -> Any:
-    tensor = as_kind(base, case.kind)
-    return tensor[:, ::2] if case.form.startswith("noncontig") else tensor
+def _torch_view(base: np.ndarray, strided_x: bool) -> Any:
+    tensor = as_kind(base, "torch")
+    return tensor[:, ::2] if strided_x else tensor
 
 
 # -- one call -------------------------------------------------------------------------------------------
@@ -147,10 +158,13 @@ class Runner:
         out_shape = self.rshape
         if case.form == "out_shape":
             out_shape = (self.rshape[0] + 1, *self.rshape[1:]) if self.rshape else (2,)
-        needs_out = case.form in ("out", "none_x", "out_shape", "out_dtype", "out_readonly") or (
+        needs_out = case.form in ("out", "strided_out", "none_x", "out_shape", "out_dtype", "out_readonly") or (
             case.coll == "send_recv" and case.form in ("out", "noncontig")
         )
-        self.buffers = Buffers(case, self.shape, out_shape if needs_out else None)
+        # "mixed": the last member's x is strided (its repeats take the general path, the others' the fast one).
+        me = comm.rank if comm is not None else -1
+        strided_x = strided(case.form) and case.form != "strided_out" and (case.form != "mixed" or me == n - 1)
+        self.buffers = Buffers(case, self.shape, out_shape if needs_out else None, strided_x=strided_x)
         if case.form == "out_dtype":
             other = np.complex128 if case.dtype != "complex128" else np.float32
             self.buffers.out_np = np.zeros(out_shape, other)
@@ -178,7 +192,10 @@ class Runner:
         me = comm.rank
         mine = make(case.seed, self.members[me], rep, case.dtype, self.shape)
         extra = make(case.seed, self.members[me], rep, case.dtype, (3,), part=1)
+        self.buffers.x_np.flags.writeable = True
         self.buffers.fill(mine, extra)
+        if case.form == "readonly":
+            self.buffers.x_np.flags.writeable = False  # a torch tensor of it stays writable
         before = np.array(self.buffers.x_np, copy=True)
         if case.expect is not None:
             self._expect_error()
@@ -189,6 +206,14 @@ class Runner:
             arg: Any = ReduceOp[case.op] if case.op else case.root
             if not comm._repeated.has_fast_path(case.coll, self.buffers.x_np, arg):
                 raise CaseFailure("a repeated call on one host has no fast path (client/fast_path.py)")
+        if (
+            self.ctx.fast
+            and rep > 0
+            and case.coll == "barrier"
+            and self.n > 1
+            and not comm._repeated.has_fast_path("barrier")
+        ):
+            raise CaseFailure("a repeated barrier on one host has no fast path (client/fast_path.py)")
         written = case.form in ("inplace", "noncontig_inplace") and (case.coll != "reduce" or me == case.root)
         same = np.array_equal(self.buffers.x_np, before, equal_nan=self.buffers.x_np.dtype.kind in "fc")
         if not written and case.coll not in ("barrier", "objects") and not same:
@@ -197,7 +222,8 @@ class Runner:
     def _takes_fast_path(self) -> bool:
         """Whether repeats of this call must take the fast path for repeated calls: synchronous, numpy,
         contiguous, new result or ``out=x`` (all_gather, reduce_scatter, all_to_all: or an ``out``), of a
-        group of two or more on one host, of a dtype numpy reduces natively (client/fast_path.py)."""
+        group of two or more on one host, of a dtype numpy reduces natively (client/fast_path.py); of the
+        "mixed" form, on every member but the last (whose strided x takes the general path)."""
         case = self.case
         if case.coll not in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"):
             return False
@@ -209,11 +235,12 @@ class Runner:
                 "inplace",
             )
         )
+        mixed = case.form == "mixed" and not self.buffers.strided_x
         return (
-            case.form in forms
+            (case.form in forms or mixed)
             and case.kind == "numpy"
             and case.dtype != "bfloat16"
-            and case.shape in ("1d", "2d")
+            and case.shape in ("one", "1d", "2d")
             and self.n > 1
         )
 
@@ -230,7 +257,13 @@ class Runner:
         x: Any = b.x
         if case.form == "list_dtypes":
             x = [b.x, np.zeros(3, np.float64 if case.dtype != "float64" else np.float32)]
-        expected = {"TypeError": TypeError, "ValueError": ValueError}[case.expect or ""]
+        if case.form == "mismatch" and comm.rank == self.n - 1:
+            x = b.x_np.astype(np.float64)  # the others call with the case's dtype
+        expected = {
+            "TypeError": TypeError,
+            "ValueError": ValueError,
+            "CollectiveMismatchError": collsvc.CollectiveMismatchError,
+        }[case.expect or ""]
         try:
             if case.coll == "all_reduce":
                 comm.all_reduce(x, op, **kwargs)
@@ -246,6 +279,8 @@ class Runner:
                 comm.all_to_all(x, **kwargs)
             elif case.coll == "scatter":
                 comm.scatter(x, root, **kwargs)
+            elif case.coll == "gather":
+                comm.gather(x, root, **kwargs)
             elif case.coll == "send_recv":
                 comm.send(x, 0)
         except expected:
@@ -276,7 +311,7 @@ class Runner:
     def _call(self, fn: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         """Calls ``fn`` in the case's form: out=, in place, async (wait, then result)."""
         form, b = self.case.form, self.buffers
-        if form in ("out", "none_x"):
+        if form in ("out", "strided_out", "none_x"):
             kwargs["out"] = b.out
         elif form in ("inplace", "noncontig_inplace"):
             kwargs["out"] = x
@@ -293,22 +328,27 @@ class Runner:
         return result
 
     def _list(self, rep: int) -> tuple[list[Any], list[list[np.ndarray]]]:
+        """The list forms' arrays and each one's inputs on every member ("list_one": x alone)."""
         b = self.buffers
-        shape0 = self.shape
-        return [b.x, b.extra], [self.inputs(rep, 0, shape0), self.inputs(rep, 1, (3,))]
+        if self.case.form == "list_one":
+            return [b.x], [self.inputs(rep, 0, self.shape)]
+        return [b.x, b.extra], [self.inputs(rep, 0, self.shape), self.inputs(rep, 1, (3,))]
 
     # -- collectives
     def _all_reduce(self, rep: int, me: int) -> None:
         case, comm = self.case, self.comm
         assert comm is not None
         op = ReduceOp[case.op or "SUM"]
-        if case.form == "list":
+        if case.form in ("list", "list_one"):
             xs, parts = self._list(rep)
             got = comm.all_reduce(xs, op)
             for k, inputs in enumerate(parts):
                 self._check(got[k], reference(op, inputs), f"piece {k}", reduced=True)
             return
-        got = self._call(comm.all_reduce, self.buffers.x, op)
+        if case.form == "compressed":  # within one host: exact (compression applies between hosts)
+            got = comm.all_reduce(self.buffers.x, op, compression="bf16")
+        else:
+            got = self._call(comm.all_reduce, self.buffers.x, op)
         self._check(got, reference(op, self.inputs(rep)), "all_reduce", reduced=True)
 
     def _reduce(self, rep: int, me: int) -> None:
@@ -319,7 +359,7 @@ class Runner:
         if me == case.root:
             self._check(got, reference(op, self.inputs(rep)), "reduce", reduced=True)
             return
-        if case.form == "out":
+        if case.form in ("out", "strided_out"):
             assert b.out_np is not None
             if got is not None and got is not b.out:
                 raise CaseFailure(f"a non-root rank got {type(got).__name__}, not None or its out")
@@ -331,7 +371,7 @@ class Runner:
     def _broadcast(self, rep: int, me: int) -> None:
         case, comm = self.case, self.comm
         assert comm is not None and case.root is not None
-        if case.form == "list":
+        if case.form in ("list", "list_one"):
             xs, parts = self._list(rep)
             got = comm.broadcast(xs, case.root)
             for k, inputs in enumerate(parts):
@@ -343,7 +383,7 @@ class Runner:
     def _all_gather(self, rep: int, me: int) -> None:
         comm = self.comm
         assert comm is not None
-        if self.case.form == "list":
+        if self.case.form in ("list", "list_one"):
             xs, parts = self._list(rep)
             got = comm.all_gather(xs)
             for k, inputs in enumerate(parts):
@@ -391,7 +431,7 @@ class Runner:
         assert comm is not None
         n = self.n
         right, left = (me + 1) % n, (me - 1) % n
-        tag = 3 + rep
+        tag = rep  # 0 too: the smallest tag
         comm.send(b.x, right, tag=tag)
         expected = self.inputs(rep)[left]
         if case.form in ("out", "noncontig"):
@@ -468,11 +508,27 @@ def _run_window(
     return runners, None
 
 
-def run_batch(rank: int, windows: list[list[Case]], timeout: float, fast: bool) -> dict[str, Any]:
+def _run_finals(ctx: Context, finals: list[Case], failures: list[tuple[str, int, str]]) -> None:
+    """Runs each case of ``finals`` once (repetition 0); the first that raises what it promises (a
+    mismatch: the job is broken then) ends them."""
+    for case in finals:
+        try:
+            Runner(ctx, case).run(0)
+        except Exception as exc:  # noqa: BLE001 - every error is reported with its case
+            failures.append((case.describe(), 0, f"{type(exc).__name__}: {exc}"[:2000]))
+            return
+        if case.expect is not None:
+            return
+
+
+def run_batch(
+    rank: int, windows: list[list[Case]], timeout: float, fast: bool, finals: list[Case] | None = None
+) -> dict[str, Any]:
     """Runs ``windows`` of cases on this rank (a job's body): returns ``failures`` (case, rep, message),
     ``digests`` (case -> result digests, to compare across ranks), ``done`` (windows finished),
     ``broken`` (the error that ended the batch early, or None) and ``timing`` (seconds per case).
-    ``fast``: every rank is on one host with shared memory, so repeated calls must take the fast path."""
+    ``fast``: every rank is on one host with shared memory, so repeated calls must take the fast path.
+    ``finals``: cases that break the job when they pass (a mismatch), run once after every window."""
     if any(case.kind == "torch" for window in windows for case in window):
         import torch
 
@@ -498,7 +554,9 @@ def run_batch(rank: int, windows: list[list[Case]], timeout: float, fast: bool) 
                 if runner is not None and runner.digests:
                     digests[case.describe()] = runner.digests
             done += 1
-        if broken is None:
+        if broken is None and finals:
+            _run_finals(ctx, finals, failures)
+        elif broken is None:
             comm.barrier()
     finally:
         if broken is None:

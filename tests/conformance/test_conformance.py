@@ -3,7 +3,8 @@ kind, against numpy, on 1-4 real rank processes over shared memory, gRPC frames 
 (hierarchical). See docs/conformance.md.
 
 By default a slice that covers every value of every axis runs (CI); ``COLLSVC_CONFORMANCE=full`` runs
-the whole product (``scripts/conformance.sh``). ``COLLSVC_CONFORMANCE_REPORT=DIR`` writes one JSON
+the whole product (``scripts/conformance.sh``). ``COLLSVC_CONFORMANCE_CASES=REGEX`` runs only the cases whose
+description matches. ``COLLSVC_CONFORMANCE_REPORT=DIR`` writes one JSON
 summary per (world size, transport) there.
 """
 
@@ -34,7 +35,7 @@ FULL_CONFIGS = [
     (4, "hier"),
 ]
 # The mutation runs' jobs (scripts/mutation.py): shared memory with the fast path, and gRPC frames.
-QUICK_CONFIGS = [(2, "shm"), (2, "grpc")]
+QUICK_CONFIGS = [(2, "shm"), (3, "shm"), (2, "grpc")]
 CONFIGS = {"full": FULL_CONFIGS, "quick": QUICK_CONFIGS}.get(driver.level(), CI_CONFIGS)
 
 # Cases known to fail, by a pattern of their description: the reason names the bug. Strict: a known
