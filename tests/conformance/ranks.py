@@ -3,9 +3,9 @@ arrays, calls the API and compares with numpy, three times in the same buffers, 
 
 Every rank computes every other rank's input from ``(case seed, global rank, repetition)``, so each
 checks its own result against a numpy reference with no extra collective. A wrong result is recorded
-and the batch goes on; so is an error every rank raised alike (the ranks stay in step). An error that
-leaves the job out of step (a timeout, a failed member) ends the batch: the parent starts a new job
-for the cases after the window that broke.
+and the batch goes on; so is an argument error every rank raised alike before sending anything (the
+ranks stay in step). An error that breaks the job or leaves it out of step (a mismatch, a timeout, a
+failed member) ends the batch: the parent starts a new job for the cases after the window that broke.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ four pieces, so that the root copies piece ``k + 1`` in while the others copy pi
 
 The first barrier of every call carries a descriptor (the caller's signature digest, the collective,
 dtype, element count, op and root); ranks that disagree all raise CollectiveMismatchError after that
-barrier, before any data is combined, and stay in step for the next call.
+barrier, before any data is combined (a JobBrokenError: the job is over, as a mismatch anywhere ends it).
 """
 
 from __future__ import annotations
