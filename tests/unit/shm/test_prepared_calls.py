@@ -8,6 +8,7 @@ path on another), so both must publish the same descriptor and combine in the sa
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -220,3 +221,21 @@ def test_a_group_of_one_prepares_no_barrier() -> None:
 
 def _far() -> float:
     return time.monotonic() + 30.0
+
+
+def test_a_prepared_float_all_reduce_that_overflows_gives_inf_without_a_warning() -> None:
+    """Overflow to inf (and inf - inf = nan) is a result, not a warning, on the prepared road as on the
+    general one: numpy's RuntimeWarning would reach the user's log on every call of a training loop."""
+
+    def body(group: LocalGroup) -> bool:
+        dtype = np.dtype(np.float16)
+        plan = group.prepare_all_reduce(dtype, 4, ReduceOp.SUM, digest=3)
+        assert plan is not None
+        src = np.full(4, np.finfo(np.float16).max, dtype)
+        dst = np.empty_like(src)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            group.run_all_reduce(plan, src, dst, deadline=_far())
+        return bool(np.all(np.isinf(dst)))
+
+    assert run_group(2, body) == [True, True]
