@@ -195,7 +195,9 @@ class Job:
             self.transport.drain(LANE_DRAIN_SECONDS)
         unreachable = isinstance(failure, RankFailedError) and failure.unreachable
         reason = str(failure) if cause else ""
-        within = max(LEAVE_SECONDS, LEAVE_INTERVALS * self.watcher.interval)
+        # A coordinator the watcher already lost gets the short wait: the Leave would only hang on it.
+        paced = LEAVE_INTERVALS * self.watcher.interval if self.client.link.up else 0.0
+        within = max(LEAVE_SECONDS, paced)
         self.client.leave(self.progress.snapshot(), cause, reason, unreachable=unreachable, within=within)
         self.watcher.stop()
         self.recorder.close()
