@@ -60,7 +60,8 @@ def event_error(
     if event.kind == Events.EVENT_KIND_MEMBER_FAILED:
         return RankFailedError(f"rank {where} failed: {event.reason}", ranks, hosts)
     if event.kind == Events.EVENT_KIND_MEMBER_LEFT:
-        cause, reason = left_cause(event)
+        details = _left_details(event)
+        cause, reason = _cause(details)
         if own_rank is not None and own_rank in cause:
             others = [r for r in cause if r != own_rank]
             return RankFailedError(
@@ -68,9 +69,9 @@ def event_error(
                 "which is running: the path between them dropped the traffic, or this process was stopped "
                 f"or starved for longer than the call's timeout; its error: {reason or 'not told'}",
                 sorted({*ranks, *others}),
-                unreachable=left_unreachable(event),
+                unreachable=bool(details.get("unreachable", False)),
             )
-        running = left_running(event)
+        running = _running(details)
         if own_rank is not None and any(rank in running for rank in cause):
             return cut_link_error(event, where, reason, running, own_host)
         if cause and reason:
@@ -91,32 +92,37 @@ def event_error(
     return None
 
 
-def left_cause(event: coordinator_pb2.WatchEvent) -> tuple[list[int], str]:
-    """The ranks a MEMBER_LEFT event names as what had failed the departed member's job ([] if none),
-    and the departed member's error that said so ("" if not told)."""
+def _left_details(event: coordinator_pb2.WatchEvent) -> dict[str, Any]:
+    """A MEMBER_LEFT event's details, read once ({} when absent or unreadable: an older coordinator)."""
     try:
         details = json.loads(event.details_json or "{}")
+    except ValueError:
+        return {}
+    return details if isinstance(details, dict) else {}
+
+
+def _cause(details: dict[str, Any]) -> tuple[list[int], str]:
+    """The ranks the departure names as what had failed the departed member's job ([] if none), and
+    the departed member's error that said so ("" if not told)."""
+    try:
         return [int(rank) for rank in details.get("cause", [])], str(details.get("cause_reason", ""))
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, TypeError):
         return [], ""
 
 
-def left_unreachable(event: coordinator_pb2.WatchEvent) -> bool:
-    """Whether the departed member of a MEMBER_LEFT event left after a delivery to its cause failed."""
-    try:
-        return bool(json.loads(event.details_json or "{}").get("unreachable", False))
-    except (ValueError, AttributeError):
-        return False
-
-
-def left_running(event: coordinator_pb2.WatchEvent) -> dict[int, str]:
+def _running(details: dict[str, Any]) -> dict[int, str]:
     """Of the ranks a departed member could not reach, those the coordinator knew to be running on
-    another host when it left (rank -> host; see ``hub.running_across_hosts``)."""
+    another host when it left (rank -> host; see ``member_events.running_across_hosts``)."""
     try:
-        raw = json.loads(event.details_json or "{}").get("running", {})
-        return {int(rank): str(host) for rank, host in raw.items()}
+        return {int(rank): str(host) for rank, host in details.get("running", {}).items()}
     except (ValueError, AttributeError, TypeError):
         return {}
+
+
+def left_cause(event: coordinator_pb2.WatchEvent) -> tuple[list[int], str]:
+    """The ranks a MEMBER_LEFT event names as what had failed the departed member's job ([] if none),
+    and the departed member's error that said so ("" if not told)."""
+    return _cause(_left_details(event))
 
 
 def cut_link_error(
@@ -144,7 +150,7 @@ def cut_link_error(
 def left_progress(event: coordinator_pb2.WatchEvent) -> dict[int, dict[str, int]]:
     """The departed members' final progress carried by a MEMBER_LEFT event (rank -> stream -> seq)."""
     try:
-        raw = json.loads(event.details_json or "{}").get("finished", {})
+        raw = _left_details(event).get("finished", {})
         return {int(rank): {str(g): int(s) for g, s in streams.items()} for rank, streams in raw.items()}
     except (ValueError, AttributeError, TypeError):
         return {}  # an older coordinator: fall back to failing only direct waits on the departed
