@@ -200,8 +200,24 @@ class Channel(Protocol):
         """
         ...
 
+    def land(self, src: int, step: int, into: memoryview) -> None:
+        """Declares that frame ``step`` from group index ``src`` belongs in ``into`` (exactly its size).
+
+        A transport may then read the frame straight into ``into``; ``recv`` of that frame returns a
+        view of ``into``'s memory when it did, the frame's own buffer otherwise (the caller copies).
+        Call it before this call's first send, and only for memory nothing reads before that frame's
+        ``recv``: the bytes may land any time until then. Nothing is written into ``into`` after
+        :meth:`close` returned.
+        """
+        ...
+
     def flush(self) -> None:
         """Waits until every frame this channel sent was delivered; raises as ``recv`` does."""
+        ...
+
+    def close(self) -> None:
+        """Ends the call's use of the channel (also after it failed): withdraws what :meth:`land`
+        declared, so no transport writes into those arrays any more."""
         ...
 
 

@@ -70,8 +70,15 @@ class CheckedChannel:
         self._received.add((src, step))
         return self._inner.recv(src, step)
 
+    def land(self, src: int, step: int, into: memoryview) -> None:
+        assert (src, step) not in self._received, f"step {step:#x} from {src} declared after it was received"
+        self._inner.land(src, step, into)
+
     def flush(self) -> None:
         self._inner.flush()
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 def run_ranks(

@@ -128,6 +128,24 @@ def recv_array(ch: Channel, src: int, step: int, dtype: np.dtype, count: int) ->
     return np.frombuffer(view, dtype=dtype, count=count)
 
 
+def land_into(ch: Channel, src: int, step: int, out: np.ndarray) -> None:
+    """Declares that frame ``step`` from ``src`` belongs in the contiguous ``out`` (``Channel.land``):
+    only for memory this rank does not read before it receives that frame with :func:`recv_into`."""
+    ch.land(src, step, as_bytes_view(out))
+
+
+def recv_into(ch: Channel, src: int, step: int, out: np.ndarray) -> None:
+    """Receives one frame into the contiguous 1-D ``out``: nothing to copy where it landed there.
+
+    Raises:
+        CollectiveMismatchError, CollectiveTimeoutError, RankFailedError, AbortedError: as
+            :func:`recv_array`.
+    """
+    incoming = recv_array(ch, src, step, out.dtype, out.shape[0])
+    if incoming.__array_interface__["data"][0] != out.__array_interface__["data"][0]:
+        out[...] = incoming
+
+
 def send_chunked(ch: Channel, dst: int, phase: int, array: np.ndarray, per_chunk: int) -> None:
     """Sends ``array`` in frames of ``per_chunk`` elements, steps ``phase``/0..n-1."""
     length = array.shape[0]

@@ -24,7 +24,9 @@ from collsvc.client.backends.ring.algorithms_common import (
     check_steps,
     chunk_count,
     chunk_slice,
+    land_into,
     recv_array,
+    recv_into,
     send_array,
     step_id,
 )
@@ -63,6 +65,13 @@ def ring_pass(
     def part(block: int, chunk: int) -> slice:
         return chunk_slice(bounds[block], bounds[block + 1], chunk, per_chunk)
 
+    # A copy round's block is final where it arrives, and this rank last read its own version of that
+    # block before sending it on in an earlier round, which the arriving bytes causally follow: the
+    # transport may read those frames straight into ``buf``.
+    for k in range(reduce_rounds, rounds):
+        incoming_block = (r - k - 1) % n
+        for c in range(counts[incoming_block]):
+            land_into(ch, left, step_id(PHASE_RING, k * per_round + c), buf[part(incoming_block, c)])
     for k in range(rounds):
         incoming_block = (r - k - 1) % n
         for c in range(per_round):
@@ -71,11 +80,11 @@ def ring_pass(
             if c >= counts[incoming_block]:
                 continue
             where = part(incoming_block, c)
-            incoming = recv_array(ch, left, step_id(PHASE_RING, k * per_round + c), dtype, where.stop - where.start)
+            step = step_id(PHASE_RING, k * per_round + c)
             if k < reduce_rounds and op is not None:
-                reduce_into(op, buf[where], incoming)
+                reduce_into(op, buf[where], recv_array(ch, left, step, dtype, where.stop - where.start))
             else:
-                buf[where] = incoming
+                recv_into(ch, left, step, buf[where])
             if k + 1 < rounds:
                 send_array(ch, right, step_id(PHASE_RING, (k + 1) * per_round + c), buf[where])
 
@@ -154,10 +163,13 @@ def chain_broadcast(ch: Channel, buf: np.ndarray, root: int, per_chunk: int) -> 
     chunks = chunk_count(length, per_chunk)
     check_steps(1, chunks)
     right, left = (r + 1) % n, (r - 1) % n
+    if virtual > 0:  # every chunk arrives before this rank reads it (to pass it on)
+        for c in range(chunks):
+            land_into(ch, left, step_id(PHASE_BCAST_CHAIN, c), buf[chunk_slice(0, length, c, per_chunk)])
     for c in range(chunks):
         where = chunk_slice(0, length, c, per_chunk)
         if virtual > 0:
-            buf[where] = recv_array(ch, left, step_id(PHASE_BCAST_CHAIN, c), buf.dtype, where.stop - where.start)
+            recv_into(ch, left, step_id(PHASE_BCAST_CHAIN, c), buf[where])
         if virtual < n - 1:
             send_array(ch, right, step_id(PHASE_BCAST_CHAIN, c), buf[where])
 

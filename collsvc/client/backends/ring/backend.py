@@ -135,8 +135,11 @@ class RingBackend:
 
     def _run(self, call: Call, body: Callable[[Channel], Any]) -> None:
         channel = self._channel_for(call)
-        body(channel)
-        channel.flush()
+        try:
+            body(channel)
+            channel.flush()
+        finally:
+            channel.close()
 
     @staticmethod
     def _sub_call(call: Call, suffix: str, ranks: tuple[int, ...], me: int) -> Call:

@@ -35,7 +35,7 @@ from collsvc.client.backends.ring import frames
 from collsvc.client.backends.ring.lane_wire import LaneError
 from collsvc.client.backends.ring.lanes import Lanes
 from collsvc.client.backends.ring.local_frames import LocalFrames
-from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.client.backends.ring.mailbox import FrameKey, Mailbox
 from collsvc.client.backends.ring.peer_server import SERVICE
 from collsvc.errors import (
     AuthenticationError,
@@ -222,6 +222,7 @@ class GrpcChannel:
         self._pending: list[tuple[int, Delivery]] = []  # (global rank, send in flight)
         self._error: CollsvcError | None = None
         self._refused_by: int | None = None  # the peer whose refusal is self._error, until explained
+        self._landing: list[FrameKey] = []  # frames declared by land(), withdrawn by close()
 
     @property
     def rank(self) -> int:
@@ -290,6 +291,20 @@ class GrpcChannel:
         if header.digest != self._digest:  # header.src: the mailbox may hand over another peer's frame
             raise mismatch_error(self._call, self._transport.rank, header.src, header.signature)
         return payload
+
+    def land(self, src: int, step: int, into: memoryview) -> None:
+        """Lets the frame be read straight into ``into`` where it comes over a lane (see
+        ``landings.py``); frames over gRPC or shared memory arrive in their own buffers."""
+        if self._transport.lanes is None:
+            return
+        key = (self._key, self._call.seq, step, self._ranks[src])
+        self._landing.append(key)
+        self._transport.mailbox.landings.expect(key, into, self._digest)
+
+    def close(self) -> None:
+        if self._landing:
+            landing, self._landing = self._landing, []
+            self._transport.mailbox.landings.withdraw(landing)
 
     def flush(self) -> None:
         """Waits until every frame this call sent was delivered.

@@ -2,7 +2,8 @@
 
 Each accepted connection belongs to one sending peer, proven by the one-time ticket that peer got
 over the authenticated gRPC channel; a thread per connection reads its frames into their own
-buffers and deposits them in the mailbox (``lane_wire.py``).
+buffers (or straight into the array a call registered for them, ``landings.py``) and deposits
+them in the mailbox (``lane_wire.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import logging
 import secrets
 import socket
 import threading
-
-import numpy as np
 
 from collsvc.client.backends.ring import frames
 from collsvc.client.backends.ring.lane_wire import (
@@ -29,8 +28,15 @@ from collsvc.client.backends.ring.lane_wire import (
     tune,
 )
 from collsvc.client.backends.ring.mailbox import Mailbox
+from collsvc.client.backends.ring.receive_buffers import ReceiveBuffers
 
 log = logging.getLogger(__name__)
+
+
+def _cut(conn: socket.socket) -> None:
+    """Shuts a connection down so its reader stops (a call withdrew the array it was reading into)."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
 
 
 class LaneListener:
@@ -43,6 +49,7 @@ class LaneListener:
     def __init__(self, bind_host: str, port: int, mailbox: Mailbox, max_payload: int) -> None:
         self._mailbox = mailbox
         self._max_payload = max_payload
+        self._buffers = ReceiveBuffers()
         family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
         self._socket = socket.create_server((bind_host, port), family=family, backlog=128)
         self.port: int = self._socket.getsockname()[1]
@@ -118,9 +125,19 @@ class LaneListener:
                 raise frames.FrameError(f"rank {src}'s lane carried a frame from rank {layout.src}")
             signature = bytearray(layout.signature_bytes)
             read_exact(conn, memoryview(signature))
-            payload = np.empty(layout.payload_bytes, np.uint8).data  # not zeroed: every byte is read into it
-            read_exact(conn, payload)
-            self._mailbox.deposit(layout.header(bytes(signature)), payload)
+            header = layout.header(bytes(signature))
+            key = (layout.key_hash, layout.seq, layout.step, layout.src)
+            into = self._mailbox.landings.claim(key, layout.payload_bytes, layout.digest, lambda: _cut(conn))
+            if into is None:
+                payload = self._buffers.take(layout.payload_bytes)  # not zeroed: every byte is read into it
+                read_exact(conn, payload)
+                self._mailbox.deposit(header, payload)
+                continue
+            try:  # straight into the call's array
+                read_exact(conn, into)
+                self._mailbox.deposit(header, into)
+            finally:
+                self._mailbox.landings.finish(key)
 
     def close(self) -> None:
         with self._lock:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from collsvc.client.backends.base import last_finished
 from collsvc.client.backends.ring.frames import FrameHeader
+from collsvc.client.backends.ring.landings import FrameKey, Landings
 
-FrameKey = tuple[int, int, int, int]  # (key hash, sequence, step, source global rank)
+__all__ = ["FrameKey", "Mailbox"]
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Mailbox:
         self._departed: dict[int, BaseException] = {}
         self._finished: dict[int, dict[str, int]] = {}  # departed rank -> stream -> last finished seq
         self._unreachable: dict[int, tuple[BaseException, float]] = {}  # rank -> (its error, when it counts)
+        #: where calls want frames yet to arrive read straight into (``landings.py``)
+        self.landings = Landings()
 
     def deposit(self, header: FrameHeader, payload: memoryview) -> None:
         self.deposit_all([(header, payload)])

@@ -34,7 +34,7 @@ _FrameKey = tuple[str, int, int, int]  # (call key, sequence, step, source globa
 @dataclass(frozen=True)
 class _Frame:
     signature: Signature
-    payload: bytes
+    payload: bytes | memoryview  # memoryview: the receiver's own array, where the frame landed
 
 
 class _Box:
@@ -65,7 +65,9 @@ class MemoryHub:
         self._lock = threading.Lock()
         self._silenced: set[int] = set()
         self._failure: BaseException | None = None
+        self._landings: dict[tuple[int, _FrameKey], tuple[memoryview, Signature]] = {}  # (dst, key) -> where
         self.frames_sent = 0
+        self.frames_landed = 0
         self.bytes_sent = 0
 
     def transport(self, rank: int) -> MemoryTransport:
@@ -137,10 +139,25 @@ class MemoryHub:
                 return
             self.frames_sent += 1
             self.bytes_sent += len(frame.payload)
+            into = self._landings.pop((dst, key), None)
+        if into is not None and into[0].nbytes == len(frame.payload) and into[1] == frame.signature:
+            into[0][:] = frame.payload  # as a lane reads it: straight into the receiver's array
+            frame = _Frame(frame.signature, into[0])
+            with self._lock:
+                self.frames_landed += 1
         box = self._boxes[dst]
         with box.cond:
             box.frames[key] = frame
             box.cond.notify_all()
+
+    def _land(self, dst: int, key: _FrameKey, into: memoryview, signature: Signature) -> None:
+        with self._lock:
+            self._landings[(dst, key)] = (into, signature)
+
+    def _withdraw(self, dst: int, keys: list[_FrameKey]) -> None:
+        with self._lock:
+            for key in keys:
+                self._landings.pop((dst, key), None)
 
     def _take(self, dst: int, key: _FrameKey, deadline: float) -> _Frame | None:
         box = self._boxes[dst]
@@ -184,6 +201,7 @@ class MemoryChannel:
         self._call = call
         self._ranks = call.group.ranks
         self._me = call.group.ranks[call.group.index]
+        self._landing: list[_FrameKey] = []
 
     @property
     def rank(self) -> int:
@@ -222,5 +240,16 @@ class MemoryChannel:
             raise mismatch_error(self._call, calls)
         return memoryview(frame.payload)
 
+    def land(self, src: int, step: int, into: memoryview) -> None:
+        """The frame is copied straight into ``into`` when it is sent (as a lane reads it)."""
+        key = (self._call.key, self._call.seq, step, self._ranks[src])
+        self._landing.append(key)
+        self._hub._land(self._me, key, into, self._call.signature)
+
     def flush(self) -> None:
         """Nothing to wait for: frames were delivered by ``send``."""
+
+    def close(self) -> None:
+        """Withdraws what :meth:`land` declared and no frame filled."""
+        landing, self._landing = self._landing, []
+        self._hub._withdraw(self._me, landing)
