@@ -32,6 +32,7 @@ from collsvc.client.backends.grpc_options import (
     message_options,
 )
 from collsvc.client.backends.ring import frames
+from collsvc.client.backends.ring.lane_sender import DELIVERED
 from collsvc.client.backends.ring.lane_wire import LaneError
 from collsvc.client.backends.ring.lanes import Lanes
 from collsvc.client.backends.ring.local_frames import LocalFrames
@@ -166,6 +167,8 @@ class GrpcTransport:
         future: Delivery
         if lane is not None:
             future = lane.send(header, payload, deadline, self.mailbox.recorded_failure)
+            if future is DELIVERED:
+                return future  # the kernel took it: nothing can fail it any more
         else:
             timeout = max(deadline - time.monotonic(), 0.001)
             data = b"".join((header, payload))
@@ -272,9 +275,9 @@ class GrpcChannel:
         local = self._transport.local_frames
         if local is not None and local.send(target, (header, view), len(header) + view.nbytes):
             return  # in the receiver's ring: delivered, nothing to wait for in flush()
-        self._pending.append(
-            (target, self._transport.send_frame(target, header, view, self._call.deadline, self._record))
-        )
+        future = self._transport.send_frame(target, header, view, self._call.deadline, self._record)
+        if future is not DELIVERED:  # a lane send that succeeded has nothing left for flush() to check
+            self._pending.append((target, future))
 
     def recv(self, src: int, step: int) -> memoryview:
         src_rank = self._ranks[src]

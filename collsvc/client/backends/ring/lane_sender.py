@@ -64,13 +64,16 @@ def open_lane(
     return LaneConnection(sock, f"{host}:{port}", on_broken)
 
 
-def _finished(error: LaneError | None) -> Future[bytes]:
+def _failed(error: LaneError) -> Future[bytes]:
     future: Future[bytes] = Future()
-    if error is None:
-        future.set_result(b"")
-    else:
-        future.set_exception(error)
+    future.set_exception(error)
     return future
+
+
+#: What every successful lane send returns: one finished future, shared (a done future runs a callback
+#: added to it at once and keeps none, so sharing it is safe), so a send costs no future of its own.
+DELIVERED: Future[bytes] = Future()
+DELIVERED.set_result(b"")
 
 
 class LaneConnection:
@@ -94,9 +97,9 @@ class LaneConnection:
     def send(
         self, header: bytes, payload: memoryview, deadline: float, failure: Callable[[], BaseException | None]
     ) -> Future[bytes]:
-        """Writes one frame; returns a finished future: its result once the kernel took every byte, or
-        the :class:`LaneError` that broke the connection (DEADLINE_EXCEEDED: the peer took no data
-        before ``deadline``; UNAVAILABLE: the connection is gone).
+        """Writes one frame; returns a finished future: :data:`DELIVERED` once the kernel took every
+        byte, or one failing with the :class:`LaneError` that broke the connection (DEADLINE_EXCEEDED:
+        the peer took no data before ``deadline``; UNAVAILABLE: the connection is gone).
 
         Args:
             failure: the rank's recorded failure, if any; looked up while a write waits on the peer.
@@ -107,15 +110,15 @@ class LaneConnection:
         """
         with self._write_lock:
             if self._broken is not None:
-                return _finished(self._broken)
+                return _failed(self._broken)
             try:
                 self._write([memoryview(header), payload], deadline, failure)
             except LaneError as exc:
-                return _finished(self._break(exc))
+                return _failed(self._break(exc))
             except BaseException:
                 self._break(LaneError(grpc.StatusCode.CANCELLED, "a write was abandoned half-way"))
                 raise
-        return _finished(None)
+        return DELIVERED
 
     def start_drain(self, deadline: float) -> threading.Event | None:
         """Asks the peer to confirm that every frame sent so far is in its mailbox; returns the event
