@@ -27,7 +27,7 @@ OPS = [op.name for op in ReduceOp]
 # ring/algorithms_common.py). "tiny": one shared-memory step, doubling / trees over gRPC; "step":
 # exactly DIRECT_BYTES (64 KiB), the largest one-step call; "chunked": above 256 KiB (pipelined
 # all_reduce within one 4 MiB slot, a broadcast in pieces, the repeated-call Chunked* classes);
-# "slots": above one 4 MiB slot (several pipeline chunks; over gRPC, several 1 MiB frames and the
+# "slots": above one 4 MiB slot (several pipeline chunks; over gRPC, 2 MiB frames and the
 # ring / chain algorithms above 2 MiB).
 DIRECT_BYTES = 64 * 1024
 SLOT_BYTES = 4 << 20

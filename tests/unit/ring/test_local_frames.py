@@ -162,7 +162,8 @@ def test_a_full_ring_takes_grpc_after_a_short_wait(base: bytes) -> None:
     try:
         payload = b"y" * (1 << 20)
         results = []
-        for step in range(8):  # 8 MiB into a 4 MiB ring whose reader is stuck after its first pass
+        steps = 2 * local_frames.RING_BYTES // len(payload)
+        for step in range(steps):  # twice a ring's bytes into a ring whose reader is stuck after its first pass
             parts, nbytes = frame(0, step, payload)
             started = time.monotonic()
             results.append(sender.send(1, parts, nbytes))

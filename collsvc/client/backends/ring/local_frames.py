@@ -41,8 +41,9 @@ from collsvc.errors import RankFailedError
 
 log = logging.getLogger(__name__)
 
-#: data bytes of each ring (one per direction between two local ranks that exchange frames)
-RING_BYTES = 4 << 20
+#: data bytes of each ring (one per direction between two local ranks that exchange frames): a frame
+#: over half a ring takes gRPC, so a ring holds two of the algorithms' largest frames
+RING_BYTES = 8 << 20
 #: how long a sender waits for room in a full ring before the frame takes gRPC
 FULL_WAIT = 0.01
 # After a failed attempt to reach a peer's inbox, sends to it take gRPC for this long before the next.
