@@ -32,6 +32,59 @@ from collsvc.client.backends.ring.receive_buffers import ReceiveBuffers
 
 log = logging.getLogger(__name__)
 
+# Bytes a connection's reader stages: a frame header and signature plus a small payload.
+STAGE_BYTES = 64 * 1024
+
+
+class StagedReader:
+    """Reads one connection through a small staging buffer: a frame's header, signature and a small
+    payload usually come in one ``recv`` instead of three. A large payload is read straight into its
+    destination after the few bytes already staged (at most :data:`STAGE_BYTES`) were copied there."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._buffer = bytearray(STAGE_BYTES)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0  # staged bytes not yet taken: _buffer[_start:_end]
+
+    def take(self, count: int) -> memoryview:
+        """The next ``count`` bytes (at most :data:`STAGE_BYTES`), valid until the next call.
+
+        Raises:
+            ConnectionError: the peer closed the connection first.
+            OSError: the connection broke.
+        """
+        if self._end - self._start < count:
+            if self._start + count > STAGE_BYTES:  # move what is staged to the front to make room
+                staged = self._end - self._start
+                self._view[:staged] = self._view[self._start : self._end]
+                self._start, self._end = 0, staged
+            while self._end - self._start < count:
+                got = self._conn.recv_into(self._view[self._end :])
+                if got == 0:
+                    raise ConnectionError("the connection was closed")
+                self._end += got
+        taken = self._view[self._start : self._start + count]
+        self._start += count
+        if self._start == self._end:
+            self._start = self._end = 0
+        return taken
+
+    def read_into(self, destination: memoryview) -> None:
+        """Fills ``destination`` with the next bytes: those staged first, the rest from the connection.
+
+        Raises:
+            ConnectionError, OSError: as :meth:`take`.
+        """
+        staged = min(self._end - self._start, len(destination))
+        if staged:
+            destination[:staged] = self._view[self._start : self._start + staged]
+            self._start += staged
+            if self._start == self._end:
+                self._start = self._end = 0
+        if staged < len(destination):
+            read_exact(self._conn, destination[staged:])
+
 
 def _cut(conn: socket.socket) -> None:
     """Shuts a connection down so its reader stops (a call withdrew the array it was reading into)."""
@@ -113,28 +166,25 @@ class LaneListener:
             conn.close()
 
     def _receive(self, conn: socket.socket, src: int) -> None:
-        head = bytearray(frames.HEADER.size)
-        head_view = memoryview(head)
+        reader = StagedReader(conn)
         while True:
-            read_exact(conn, head_view)
-            if head.startswith(DRAIN_MAGIC):  # every frame before it was deposited
+            head = reader.take(frames.HEADER.size)
+            if head[: len(DRAIN_MAGIC)] == DRAIN_MAGIC:  # every frame before it was deposited
                 conn.sendall(DRAINED)
                 continue
             layout = frames.read_layout(head, self._max_payload)
             if layout.src != src:
                 raise frames.FrameError(f"rank {src}'s lane carried a frame from rank {layout.src}")
-            signature = bytearray(layout.signature_bytes)
-            read_exact(conn, memoryview(signature))
-            header = layout.header(bytes(signature))
+            header = layout.header(bytes(reader.take(layout.signature_bytes)))
             key = (layout.key_hash, layout.seq, layout.step, layout.src)
             into = self._mailbox.landings.claim(key, layout.payload_bytes, layout.digest, lambda: _cut(conn))
             if into is None:
                 payload = self._buffers.take(layout.payload_bytes)  # not zeroed: every byte is read into it
-                read_exact(conn, payload)
+                reader.read_into(payload)
                 self._mailbox.deposit(header, payload)
                 continue
             try:  # straight into the call's array
-                read_exact(conn, into)
+                reader.read_into(into)
                 self._mailbox.deposit(header, into)
             finally:
                 self._mailbox.landings.finish(key)
