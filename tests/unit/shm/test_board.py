@@ -85,3 +85,38 @@ def test_the_barrier_kind_comes_from_the_environment(monkeypatch: pytest.MonkeyP
         shm_barriers()
     with pytest.raises(ValueError, match="auto, memory or sockets"):
         LocalGroup("unused", 0, 1, timeout=1, barriers="futex")
+
+
+@needs_x86
+def test_a_call_given_spin_zero_sleeps_at_once_and_the_budget_comes_back() -> None:
+    """The hierarchical pipeline passes ``spin=0`` for a step it expects to wait long: the waiting rank
+    must sleep at once although its group polls for 10 s, and the group's budget is 10 s again after."""
+    namespace = uuid.uuid4().hex
+    errors: list[BaseException] = []
+    budgets: dict[int, float] = {}
+
+    def rank(r: int) -> None:
+        try:
+            with LocalGroup(namespace, r, 2, timeout=5, spin=10.0, barriers="memory") as group:
+                buf = np.full(1000, float(r))
+                if r == 0:
+                    peer = group._segments[1]
+                    deadline = time.monotonic() + 5
+                    while not peer.sleeping[0] and time.monotonic() < deadline:
+                        os.sched_yield()
+                    assert peer.sleeping[0], "the waiting rank polled instead of sleeping"
+                    group.broadcast(buf, 0, time.monotonic() + 5)
+                else:
+                    group.broadcast(buf, 0, time.monotonic() + 5, spin=0.0)
+                assert (buf == 0.0).all()
+                budgets[r] = group.spin_seconds
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert not errors, errors
+    assert budgets == {0: 10.0, 1: 10.0}

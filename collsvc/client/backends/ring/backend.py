@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -224,6 +225,12 @@ class RingBackend:
         if self._local_groups is not None and len(topo.local) > 1:
             shared = self._joined(call, self._sub_call(call, "/host", topo.local, me), topo)
         crossing: list[Future[None]] = []
+        # Whether the last local step of each kind outlasted the group's polling budget. A member waits
+        # there for its leader's cross-host exchange of the piece before (milliseconds for megabytes):
+        # polling that long takes the core from the ranks that do the work when cores are shared (two
+        # ranks per host, 64 MiB: 40 ms of CPU per call on each member instead of 25). So the next
+        # step of that kind sleeps at once; one that ends within the budget polls again.
+        outlasted = {"reduce": False, "broadcast": False}
 
         def local(kind: str, k: int) -> None:
             lo, hi = bounds[k]
@@ -232,10 +239,14 @@ class RingBackend:
                 return
             if shared is not None:
                 group, digest = shared, call.signature.digest
+                spin = 0.0 if outlasted[kind] else None
+                started = time.monotonic()
                 if kind == "reduce":
-                    self._local(call, topo.local, lambda: group.reduce(part, op, 0, call.deadline, digest=digest))
+                    run = functools.partial(group.reduce, part, op, 0, call.deadline, digest=digest, spin=spin)
                 else:
-                    self._local(call, topo.local, lambda: group.broadcast(part, 0, call.deadline, digest=digest))
+                    run = functools.partial(group.broadcast, part, 0, call.deadline, digest=digest, spin=spin)
+                self._local(call, topo.local, run)
+                outlasted[kind] = time.monotonic() - started > group.spin_seconds
                 return
             sub = self._sub_call(call, f"/host/{k}", topo.local, me)
             if kind == "reduce":

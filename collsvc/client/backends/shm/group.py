@@ -65,8 +65,13 @@ class LocalGroup(PreparedCalls):
         with self._call("all_reduce", flat, flat.size, op, None, digest, deadline) as body:
             self._reduce(flat, op, None, deadline, body)
 
-    def reduce(self, buf: np.ndarray, op: ReduceOp, root: int, deadline: float, *, digest: int = 0) -> None:
+    def reduce(
+        self, buf: np.ndarray, op: ReduceOp, root: int, deadline: float, *, digest: int = 0, spin: float | None = None
+    ) -> None:
         """Reduces ``buf`` onto local rank ``root`` in place; other ranks' ``buf`` is left unchanged.
+
+        ``spin``: seconds each wait of this call polls before it sleeps, in place of the group's budget
+        (``spin_seconds``); 0 where the caller knows its peers are busy elsewhere for longer.
 
         Raises:
             Same as :meth:`all_reduce`; ValueError for a bad root.
@@ -76,11 +81,13 @@ class LocalGroup(PreparedCalls):
         self._check_root(root)
         if self._solo():
             return
-        with self._call("reduce", flat, flat.size, op, root, digest, deadline) as body:
+        with self._polling(spin), self._call("reduce", flat, flat.size, op, root, digest, deadline) as body:
             self._reduce(flat, op, root, deadline, body)
 
-    def broadcast(self, buf: np.ndarray, root: int, deadline: float, *, digest: int = 0) -> None:
-        """Copies local rank ``root``'s ``buf`` into every rank's ``buf``.
+    def broadcast(
+        self, buf: np.ndarray, root: int, deadline: float, *, digest: int = 0, spin: float | None = None
+    ) -> None:
+        """Copies local rank ``root``'s ``buf`` into every rank's ``buf``; ``spin`` as in :meth:`reduce`.
 
         Raises:
             Same as :meth:`all_reduce`; ValueError for a bad root.
@@ -89,7 +96,7 @@ class LocalGroup(PreparedCalls):
         self._check_root(root)
         if self._solo():
             return
-        with self._call("broadcast", flat, flat.size, None, root, digest, deadline) as body:
+        with self._polling(spin), self._call("broadcast", flat, flat.size, None, root, digest, deadline) as body:
             piece = self._broadcast_piece(flat.dtype, flat.size)
             sent = flat if self._rank == root else None
             for lo, hi, parity in self._own_pieces(sent, flat.dtype, flat.size, piece, body, deadline):

@@ -211,6 +211,10 @@ class StepEngine:
 
     # -- the step engine -------------------------------------------------------------------------
 
+    def _polling(self, spin: float | None) -> PollingScope:
+        """``with self._polling(spin)``: the waits inside poll ``spin`` seconds (None: the group's budget)."""
+        return PollingScope(self, spin)
+
     def _call(
         self,
         collective: str,
@@ -362,3 +366,19 @@ class CallScope:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc is not None:
             self._engine._call_ended_in(exc)
+
+
+class PollingScope:
+    """Sets a group's polling budget (``spin_seconds``) for one call and restores it after."""
+
+    __slots__ = ("_engine", "_spin", "_budget")
+
+    def __init__(self, engine: StepEngine, spin: float | None) -> None:
+        self._engine, self._spin, self._budget = engine, spin, engine.spin_seconds
+
+    def __enter__(self) -> None:
+        if self._spin is not None:
+            self._engine.spin_seconds = self._spin
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._engine.spin_seconds = self._budget
