@@ -101,17 +101,23 @@ def test_a_declared_frame_is_read_into_the_array_and_others_into_their_own_buffe
     assert mailbox.landings.registered == 0
 
 
-def test_nothing_is_written_into_the_array_after_the_call_withdrew_it(lane: tuple[Mailbox, socket.socket]) -> None:
-    """The sender stops half-way through a declared frame; the call ends (withdraws) after a short
-    grace: the reader is cut off, and the rest of the frame, sent after that, never reaches the array."""
-    mailbox, raw = lane
+def half_a_declared_frame(mailbox: Mailbox, raw: socket.socket) -> tuple[np.ndarray, FrameKey, int]:
+    """Declares a 64 KiB frame, sends its header and first half (ones), and waits until the reader
+    claimed it; returns the array, the frame's key and the bytes sent."""
     target = np.zeros(1 << 16, np.uint8)
     key = (KEY_HASH, 1, 0, SENDER)
     mailbox.landings.expect(key, memoryview(target), DIGEST)
     half = target.size // 2
     raw.sendall(frame_head(0, target.size) + b"\x01" * half)
-    # The reader claims the frame once the header arrived and then reads the first half into place.
     assert claimed(mailbox), "the reader never claimed the declared frame"
+    return target, key, half
+
+
+def test_nothing_is_written_into_the_array_after_the_call_withdrew_it(lane: tuple[Mailbox, socket.socket]) -> None:
+    """The sender stops half-way through a declared frame; the call ends (withdraws) after a short
+    grace: the reader is cut off, and the rest of the frame, sent after that, never reaches the array."""
+    mailbox, raw = lane
+    target, key, half = half_a_declared_frame(mailbox, raw)
 
     began = time.monotonic()
     mailbox.landings.withdraw([key], grace=0.2)
@@ -129,12 +135,7 @@ def test_nothing_is_written_into_the_array_after_the_call_withdrew_it(lane: tupl
 
 def test_a_withdraw_waits_for_a_read_that_finishes_within_the_grace(lane: tuple[Mailbox, socket.socket]) -> None:
     mailbox, raw = lane
-    target = np.zeros(1 << 16, np.uint8)
-    key = (KEY_HASH, 1, 0, SENDER)
-    mailbox.landings.expect(key, memoryview(target), DIGEST)
-    half = target.size // 2
-    raw.sendall(frame_head(0, target.size) + b"\x01" * half)
-    assert claimed(mailbox)
+    target, key, half = half_a_declared_frame(mailbox, raw)
     finisher = threading.Timer(0.1, lambda: raw.sendall(b"\x01" * (target.size - half)))
     finisher.start()
     mailbox.landings.withdraw([key], grace=10)
