@@ -116,6 +116,17 @@ def test_fail_wakes_a_blocked_waiter_and_every_later_call_raises_it() -> None:
         peer.join()
 
 
+def test_fail_on_a_group_of_one_is_raised_by_its_next_call() -> None:
+    """A group of one has no sockets to wake: fail() and wake() only record, and never raise."""
+    with LocalGroup(uuid.uuid4().hex, 0, 1, timeout=5) as group:
+        boom = RuntimeError("coordinator says the job failed")
+        group.fail(boom)
+        group.wake()
+        with pytest.raises(RuntimeError) as info:
+            group.barrier(time.monotonic() + 5)
+        assert info.value is boom
+
+
 def _join_and_wait(namespace: str, joined: threading.Event) -> None:
     with LocalGroup(namespace, 1, 2, timeout=5):
         joined.set()
@@ -245,3 +256,33 @@ def test_a_segment_offered_by_another_user_under_a_peers_name_is_ignored() -> No
     for thread in threads:
         thread.join(20)
     assert sums == [3.0, 3.0]  # the genuine rank 0's segment, not the impostor's (which never arrives)
+
+
+def _signature_of(nbytes: int) -> bytes:
+    """A call signature (JSON) of exactly ``nbytes`` bytes."""
+    label = b'{"pad": "' + b"x" * (nbytes - 11) + b'"}'
+    assert len(label) == nbytes
+    return label
+
+
+@pytest.mark.parametrize(
+    ("slot_bytes", "label_bytes", "whole"),
+    [(4096, 1020, True), (4096, 1021, False), (1024, 1020, True), (1024, 3000, False)],
+)
+def test_a_mismatch_shows_signatures_up_to_one_kib_and_falls_back_to_descriptors_past_that(
+    slot_bytes: int, label_bytes: int, whole: bool
+) -> None:
+    """Each rank publishes at most 1 KiB (its length word included) of its signature after a mismatch;
+    a longer one arrives cut, is no JSON then, and the error describes that rank by its descriptor."""
+
+    def work(group: LocalGroup) -> dict[int, dict[str, str]]:
+        group.label(lambda: _signature_of(label_bytes))
+        with pytest.raises(CollectiveMismatchError) as info:
+            group.all_reduce(np.ones(4), ReduceOp.SUM, time.monotonic() + 10, digest=group.rank)
+        details: dict[int, dict[str, str]] = info.value.details
+        return details
+
+    for details in run_group(2, work, slot_bytes=slot_bytes):
+        for rank in (0, 1):
+            assert details[rank]["op"] == "all_reduce"  # the descriptor, always
+            assert ("pad" in details[rank]) == whole, details[rank].keys()
