@@ -211,7 +211,7 @@ def _old_context(tree: str, previous: dict[str, Any], cache: dict[str, list[str]
 def match_survivors(mutants: list[Mutant], previous: list[dict[str, Any]], tree: str) -> list[Mutant]:
     """The mutants of this tree that an earlier run's survivors stand for (lines may have moved, files
     too: :data:`MOVED`): the same change of the same text on the same source line(s), the nearest to
-    the old line where several match; a survivor whose line is gone matches nothing (it is reported)."""
+    the old line (then column) where several match; a survivor whose line is gone matches nothing (it is reported)."""
     cache: dict[str, list[str] | None] = {}
     found: list[Mutant] = []
     for old in previous:
@@ -234,7 +234,8 @@ def match_survivors(mutants: list[Mutant], previous: list[dict[str, Any]], tree:
         if not same:
             print(f"gone     {old['path']}:{old['line']} {old['kind']}: {old['original']!r}", flush=True)
             continue
-        best = min(same, key=lambda m: abs(m.line - old["line"]))
+        # Nearest line first, then nearest column: one line may hold the same change twice (two 0s).
+        best = min(same, key=lambda m: (abs(m.line - old["line"]), abs(m.start[1] - old["start"][1])))
         if best not in found:
             found.append(best)
     return found
