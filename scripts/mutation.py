@@ -45,6 +45,7 @@ UNIT_TESTS = {
     "collsvc/client/ops.py": ["tests/unit/test_nccl_fake.py"],
     "collsvc/client/operands.py": ["tests/unit/test_result_buffer.py", "tests/unit/test_nccl_fake.py"],
     "collsvc/client/fast_path.py": ["tests/unit/test_nccl_fake.py"],
+    "collsvc/client/backends/shm/repeated.py": ["tests/unit/shm/test_repeated_calls.py"],
     "collsvc/client/backends/shm/steps.py": ["tests/unit/shm"],
     "collsvc/client/backends/shm/prepared.py": ["tests/unit/shm"],
     "collsvc/client/backends/shm/group.py": ["tests/unit/shm"],
@@ -329,6 +330,7 @@ def main() -> int:
     if not args.recheck:
         random.Random(args.seed).shuffle(mutants)
     began = time.monotonic()
+    copied_at = _tree()  # now, as the tree is copied: the working tree may change while the mutants run
     with tempfile.TemporaryDirectory(prefix="collsvc-mutation-") as tmp:
         copy = Path(tmp) / "repo"
         shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".mypy_cache", "*.egg-info"))
@@ -374,7 +376,7 @@ def main() -> int:
         "invalid": sum(m.outcome == "invalid" for m in mutants),
         "seconds": round(time.monotonic() - began),
         "seed": args.seed,
-        "tree": _tree(),
+        "tree": copied_at,
         "unit_tests": {path: UNIT_TESTS.get(path, []) for path in args.files},
         "by_file": counts(mutants, args.files, generated),
         "mutants": [asdict(m) for m in mutants if m.outcome != "not run"],
