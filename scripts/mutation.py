@@ -3,11 +3,12 @@
 
 Each mutant changes one expression of a target file (a flipped comparison, ``and``/``or`` swapped,
 ``is``/``is not`` swapped, ``not`` dropped, an arithmetic operator swapped, a constant or a slice bound
-off by one, a boolean constant flipped), in a copy of the repository, and runs a fast slice of
-tests/conformance (``COLLSVC_CONFORMANCE=quick``) against it. A mutant is *killed* when the slice
-fails (or runs past its limit), *survives* when it passes. Mutants are drawn in a seeded random order
-and run until the time budget is spent; the counts say how many were generated, run, killed and
-survived, and every survivor is listed with its line.
+off by one, a boolean constant flipped), in a copy of the repository, and runs two tiers of tests
+against it, the fast one first: the unit tests that pin its file (:data:`UNIT_TESTS`), then a fast
+slice of tests/conformance (``COLLSVC_CONFORMANCE=quick``). A mutant is *killed* when a tier fails (or
+runs past its limit; the record names the tier), *survives* when both pass. Mutants are drawn in a
+seeded random order and run until the time budget is spent; the counts say, per file and in all, how
+many were generated, run, killed by each tier and survived, and every survivor is listed with its line.
 
     python scripts/mutation.py --budget 1500 --out mutation.json [--seed 1] [FILE ...]
 """
@@ -39,6 +40,17 @@ TARGETS = [
     "collsvc/client/backends/shm/prepared.py",
     "collsvc/client/backends/shm/group.py",
 ]
+# The unit tests that pin each target file, run before the conformance slice (seconds, not tens of them).
+UNIT_TESTS = {
+    "collsvc/client/ops.py": ["tests/unit/test_nccl_fake.py"],
+    "collsvc/client/operands.py": ["tests/unit/test_result_buffer.py", "tests/unit/test_nccl_fake.py"],
+    "collsvc/client/fast_path.py": ["tests/unit/test_nccl_fake.py"],
+    "collsvc/client/backends/shm/repeated.py": ["tests/unit/shm/test_repeated_calls.py"],
+    "collsvc/client/backends/shm/steps.py": ["tests/unit/shm"],
+    "collsvc/client/backends/shm/prepared.py": ["tests/unit/shm"],
+    "collsvc/client/backends/shm/group.py": ["tests/unit/shm"],
+}
+TIERS = ("unit", "conformance")
 # Targets that moved since earlier runs (old path -> new path): --recheck maps an old run's survivors.
 MOVED = {"collsvc/client/repeated.py": "collsvc/client/backends/shm/repeated.py"}
 _FLIP = {
@@ -67,6 +79,7 @@ class Mutant:
     end: tuple[int, int]
     context: str = ""  # the source line(s) the mutant changes, stripped: finds it again after edits
     outcome: str = "not run"
+    tier: str = ""  # the tier that killed it ("unit" or "conformance"); empty while it survives
     seconds: float = 0.0
 
 
@@ -199,7 +212,7 @@ def _old_context(tree: str, previous: dict[str, Any], cache: dict[str, list[str]
 def match_survivors(mutants: list[Mutant], previous: list[dict[str, Any]], tree: str) -> list[Mutant]:
     """The mutants of this tree that an earlier run's survivors stand for (lines may have moved, files
     too: :data:`MOVED`): the same change of the same text on the same source line(s), the nearest to
-    the old line where several match; a survivor whose line is gone matches nothing (it is reported)."""
+    the old line (then column) where several match; a survivor whose line is gone matches nothing (it is reported)."""
     cache: dict[str, list[str] | None] = {}
     found: list[Mutant] = []
     for old in previous:
@@ -222,7 +235,8 @@ def match_survivors(mutants: list[Mutant], previous: list[dict[str, Any]], tree:
         if not same:
             print(f"gone     {old['path']}:{old['line']} {old['kind']}: {old['original']!r}", flush=True)
             continue
-        best = min(same, key=lambda m: abs(m.line - old["line"]))
+        # Nearest line first, then nearest column: one line may hold the same change twice (two 0s).
+        best = min(same, key=lambda m: (abs(m.line - old["line"]), abs(m.start[1] - old["start"][1])))
         if best not in found:
             found.append(best)
     return found
@@ -239,13 +253,14 @@ def apply(source: str, mutant: Mutant) -> str:
     return (raw[:lo] + mutant.mutated.encode() + raw[hi:]).decode()
 
 
-def run_slice(copy: Path, limit: float) -> tuple[str, float]:
-    """Runs the quick conformance slice against ``copy``: "killed", "survived" or "timeout"."""
-    env = dict(os.environ, PYTHONPATH=str(copy), COLLSVC_CONFORMANCE="quick")
+def run_tests(copy: Path, paths: list[str], limit: float, env: dict[str, str] | None = None) -> tuple[str, float]:
+    """Runs pytest on ``paths`` in ``copy`` (stopping at the first failure): "killed", "survived" or
+    "timeout", and the seconds it took."""
+    env = dict(os.environ, PYTHONPATH=str(copy), **(env or {}))
     began = time.monotonic()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/conformance"],
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *paths],
             cwd=copy,
             env=env,
             capture_output=True,
@@ -255,6 +270,39 @@ def run_slice(copy: Path, limit: float) -> tuple[str, float]:
     except subprocess.TimeoutExpired:
         return "timeout", time.monotonic() - began
     return ("survived" if result.returncode == 0 else "killed"), time.monotonic() - began
+
+
+def run_slice(copy: Path, limit: float) -> tuple[str, float]:
+    """Runs the quick conformance slice against ``copy``: "killed", "survived" or "timeout"."""
+    return run_tests(copy, ["tests/conformance"], limit, {"COLLSVC_CONFORMANCE": "quick"})
+
+
+def run_tiers(copy: Path, path: str, limit: float) -> tuple[str, str, float]:
+    """Runs ``path``'s unit tests (:data:`UNIT_TESTS`), then, if they pass, the conformance slice, in
+    ``copy``: (outcome, the tier that killed it or "", seconds in all)."""
+    seconds = 0.0
+    unit = UNIT_TESTS.get(path, [])
+    if unit:
+        outcome, seconds = run_tests(copy, unit, limit)
+        if outcome != "survived":
+            return outcome, "unit", seconds
+    outcome, more = run_slice(copy, limit)
+    return outcome, ("" if outcome == "survived" else "conformance"), seconds + more
+
+
+def counts(mutants: list[Mutant], paths: list[str], generated: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Per target file: mutants generated, run, killed by each tier (a run past its limit counts as
+    killed by the tier it ran in), survived, invalid."""
+    table: dict[str, dict[str, int]] = {}
+    for path in paths:
+        ran = [m for m in mutants if m.path == path and m.outcome in ("killed", "survived", "timeout")]
+        row = {"generated": generated[path], "run": len(ran)}
+        for tier in TIERS:
+            row[f"killed_{tier}"] = sum(m.tier == tier for m in ran)
+        row["survived"] = sum(m.outcome == "survived" for m in ran)
+        row["invalid"] = sum(m.path == path and m.outcome == "invalid" for m in mutants)
+        table[path] = row
+    return table
 
 
 def main() -> int:
@@ -282,9 +330,17 @@ def main() -> int:
     if not args.recheck:
         random.Random(args.seed).shuffle(mutants)
     began = time.monotonic()
+    copied_at = _tree()  # now, as the tree is copied: the working tree may change while the mutants run
     with tempfile.TemporaryDirectory(prefix="collsvc-mutation-") as tmp:
         copy = Path(tmp) / "repo"
         shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", ".mypy_cache", "*.egg-info"))
+        unit = sorted({test for path in args.files for test in UNIT_TESTS.get(path, [])})
+        if unit:
+            baseline, seconds = run_tests(copy, unit, args.limit)
+            print(f"unmutated unit tests ({' '.join(unit)}): {baseline} in {seconds:.0f} s", flush=True)
+            if baseline != "survived":
+                print("the unmutated unit tests fail: fix that first", file=sys.stderr)
+                return 2
         baseline, seconds = run_slice(copy, args.limit)
         print(f"unmutated slice: {baseline} in {seconds:.0f} s", flush=True)
         if baseline != "survived":
@@ -303,10 +359,11 @@ def main() -> int:
                 continue
             target.write_text(mutated)
             try:
-                mutant.outcome, mutant.seconds = run_slice(copy, args.limit)
+                mutant.outcome, mutant.tier, mutant.seconds = run_tiers(copy, mutant.path, args.limit)
             finally:
                 target.write_text(original)
-            print(f"{mutant.outcome:8} {mutant.path}:{mutant.line} {mutant.kind}: {mutant.original!r}", flush=True)
+            outcome = f"{mutant.outcome} ({mutant.tier})" if mutant.tier else mutant.outcome
+            print(f"{outcome:20} {mutant.path}:{mutant.line} {mutant.kind}: {mutant.original!r}", flush=True)
     ran = [m for m in mutants if m.outcome in ("killed", "survived", "timeout")]
     summary = {
         "generated": len(mutants),
@@ -314,15 +371,20 @@ def main() -> int:
         "run": len(ran),
         "killed": sum(m.outcome == "killed" for m in ran),
         "timeout": sum(m.outcome == "timeout" for m in ran),
+        **{f"killed_{tier}": sum(m.tier == tier for m in ran) for tier in TIERS},
         "survived": sum(m.outcome == "survived" for m in ran),
         "invalid": sum(m.outcome == "invalid" for m in mutants),
         "seconds": round(time.monotonic() - began),
         "seed": args.seed,
-        "tree": _tree(),
+        "tree": copied_at,
+        "unit_tests": {path: UNIT_TESTS.get(path, []) for path in args.files},
+        "by_file": counts(mutants, args.files, generated),
         "mutants": [asdict(m) for m in mutants if m.outcome != "not run"],
     }
     Path(args.out).write_text(json.dumps(summary, indent=1))
-    print(json.dumps({k: v for k, v in summary.items() if k != "mutants"}), flush=True)
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("mutants", "by_file")}), flush=True)
+    for path, row in summary["by_file"].items():
+        print(f"{path}: {row}", flush=True)
     return 0
 
 

@@ -165,11 +165,15 @@ class RepeatedCalls:
         if _BARRIER_KEY not in self._known and self._enabled:
             self._known[_BARRIER_KEY] = self._prepare("barrier", BARRIER, None)
 
-    def has_fast_path(self, kind: str, x: np.ndarray | None = None, arg: ReduceOp | int | None = None) -> bool:
-        """Whether ``kind`` calls like ``x`` with ``arg`` have a fast path now (for tests and diagnostics;
-        a barrier: ``kind`` alone)."""
-        key = _BARRIER_KEY if x is None else (kind, x.dtype, x.shape, arg)
-        return self._known.get(key) is not None
+    def has_fast_path(
+        self, kind: str, x: np.ndarray | None = None, arg: ReduceOp | int | None = None, out: Any = None
+    ) -> bool:
+        """Whether ``kind`` calls like ``x`` with ``arg`` and ``out`` (None: a new result) would take a fast
+        path now (for tests and diagnostics; a barrier: ``kind`` alone)."""
+        if x is None:
+            return self._known.get(_BARRIER_KEY) is not None
+        repeated = self._known.get((kind, x.dtype, x.shape, arg))
+        return repeated is not None and bool(x.flags.c_contiguous) and repeated.accepts(x, out)
 
     def learn(self, kind: str, x: Any, arg: Any, out: Any, async_op: bool, signature: Signature) -> None:
         """Prepares the fast path of ``kind`` calls like this one (which just took the general path with

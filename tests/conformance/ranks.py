@@ -204,7 +204,8 @@ class Runner:
         handler(rep, me)
         if self.ctx.fast and rep > 0 and self._takes_fast_path():
             arg: Any = ReduceOp[case.op] if case.op else case.root
-            if not comm._repeated.has_fast_path(case.coll, self.buffers.x_np, arg):
+            out = self.buffers.x_np if case.form == "inplace" else self.buffers.out_np if case.form == "out" else None
+            if not comm._repeated.has_fast_path(case.coll, self.buffers.x_np, arg, out):
                 raise CaseFailure("a repeated call on one host has no fast path (client/fast_path.py)")
         if (
             self.ctx.fast
@@ -321,10 +322,19 @@ class Runner:
                 raise CaseFailure("wait() returned False")
             if not work.is_completed():
                 raise CaseFailure("is_completed() is False after wait()")
-            return work.result()
+            return self._new_result(work.result(), kwargs)
         result = fn(x, *args, **kwargs)
         if "out" in kwargs and kwargs["out"] is not None and result is not None and result is not kwargs["out"]:
             raise CaseFailure("the result is not the given out")
+        return self._new_result(result, kwargs)
+
+    def _new_result(self, result: Any, kwargs: dict[str, Any]) -> Any:
+        """``result``, checked to be an array of its own where no ``out`` was given (not a view of x:
+        the caller may write to either without changing the other)."""
+        if kwargs.get("out") is None and result is not None:
+            array = to_numpy(result, self.case.kind, self.case.dtype)
+            if np.may_share_memory(array, self.buffers.x_np):
+                raise CaseFailure("without out, the result shares memory with x")
         return result
 
     def _list(self, rep: int) -> tuple[list[Any], list[list[np.ndarray]]]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from collsvc.client.backends.shm import LocalGroup
-from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, RendezvousError
+from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, CollsvcError, RendezvousError
 from collsvc.types import ReduceOp
 from tests.unit.other_user import send_descriptor_as_nobody
 from tests.unit.shm.threads import run_group
@@ -116,6 +116,17 @@ def test_fail_wakes_a_blocked_waiter_and_every_later_call_raises_it() -> None:
         peer.join()
 
 
+def test_fail_on_a_group_of_one_is_raised_by_its_next_call() -> None:
+    """A group of one has no sockets to wake: fail() and wake() only record, and never raise."""
+    with LocalGroup(uuid.uuid4().hex, 0, 1, timeout=5) as group:
+        boom = RuntimeError("coordinator says the job failed")
+        group.fail(boom)
+        group.wake()
+        with pytest.raises(RuntimeError) as info:
+            group.barrier(time.monotonic() + 5)
+        assert info.value is boom
+
+
 def _join_and_wait(namespace: str, joined: threading.Event) -> None:
     with LocalGroup(namespace, 1, 2, timeout=5):
         joined.set()
@@ -123,11 +134,20 @@ def _join_and_wait(namespace: str, joined: threading.Event) -> None:
 
 
 def test_construction_times_out_naming_the_ranks_that_never_came() -> None:
+    namespace = uuid.uuid4().hex
     start = time.monotonic()
     with pytest.raises(CollectiveTimeoutError) as info:
-        LocalGroup(uuid.uuid4().hex, 1, 3, timeout=0.3)
+        LocalGroup(namespace, 1, 3, timeout=0.3)
     assert info.value.ranks == [0, 2]
+    # The group is named by the namespace's first 16 characters (the job's and group's hash prefix).
+    assert str(info.value).startswith(f"shm group {namespace[:16]} local rank 1/3: local ranks [0, 2] ")
     assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize("local_rank", [-1, 3])
+def test_a_local_rank_outside_the_group_is_refused_naming_the_valid_range(local_rank: int) -> None:
+    with pytest.raises(ValueError, match=rf"local_rank {local_rank} is outside 0\.\.2$"):
+        LocalGroup(uuid.uuid4().hex, local_rank, 3, timeout=1)
 
 
 def test_ranks_starting_at_different_times_join() -> None:
@@ -245,3 +265,62 @@ def test_a_segment_offered_by_another_user_under_a_peers_name_is_ignored() -> No
     for thread in threads:
         thread.join(20)
     assert sums == [3.0, 3.0]  # the genuine rank 0's segment, not the impostor's (which never arrives)
+
+
+def _signature_of(nbytes: int) -> bytes:
+    """A call signature (JSON) of exactly ``nbytes`` bytes."""
+    label = b'{"pad": "' + b"x" * (nbytes - 11) + b'"}'
+    assert len(label) == nbytes
+    return label
+
+
+@pytest.mark.parametrize(
+    ("slot_bytes", "label_bytes", "whole"),
+    [(4096, 1020, True), (4096, 1021, False), (1024, 1020, True), (1024, 3000, False)],
+)
+def test_a_mismatch_shows_signatures_up_to_one_kib_and_falls_back_to_descriptors_past_that(
+    slot_bytes: int, label_bytes: int, whole: bool
+) -> None:
+    """Each rank publishes at most 1 KiB (its length word included) of its signature after a mismatch;
+    a longer one arrives cut, is no JSON then, and the error describes that rank by its descriptor."""
+
+    def work(group: LocalGroup) -> dict[int, dict[str, str]]:
+        group.label(lambda: _signature_of(label_bytes))
+        with pytest.raises(CollectiveMismatchError) as info:
+            group.all_reduce(np.ones(4), ReduceOp.SUM, time.monotonic() + 10, digest=group.rank)
+        details: dict[int, dict[str, str]] = info.value.details
+        return details
+
+    for details in run_group(2, work, slot_bytes=slot_bytes):
+        for rank in (0, 1):
+            assert details[rank]["op"] == "all_reduce"  # the descriptor, always
+            assert ("pad" in details[rank]) == whole, details[rank].keys()
+
+
+def test_a_mismatch_whose_signature_exchange_fails_still_raises_the_mismatch_by_descriptors() -> None:
+    """After a mismatch every rank takes one more step to publish its signature; where that step fails
+    (here rank 1 cannot produce its signature and fails rank 0's group), rank 0 still raises the
+    mismatch, describing each rank by its descriptor."""
+    groups: dict[int, LocalGroup] = {}
+
+    def give_up() -> bytes:
+        groups[0].fail(CollsvcError("rank 1 gave up"))
+        raise RuntimeError("no signature")
+
+    def work(group: LocalGroup) -> dict[int, dict[str, str]]:
+        groups[group.rank] = group
+        group.barrier(time.monotonic() + 10)  # both groups are known before either uses the other
+        if group.rank == 1:
+            group.label(give_up)
+            with pytest.raises(RuntimeError, match="no signature"):
+                group.all_reduce(np.ones(4), ReduceOp.SUM, time.monotonic() + 10, digest=1)
+            return {}
+        group.label(lambda: b'{"shape": [4]}')
+        with pytest.raises(CollectiveMismatchError) as info:
+            group.all_reduce(np.ones(4), ReduceOp.SUM, time.monotonic() + 10, digest=0)
+        details: dict[int, dict[str, str]] = info.value.details
+        return details
+
+    details = run_group(2, work)[0]
+    assert [details[rank]["digest"] for rank in (0, 1)] == [f"{0:#018x}", f"{1:#018x}"]
+    assert "shape" not in details[0]  # no signatures: the exchange failed

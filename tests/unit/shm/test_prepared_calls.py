@@ -7,6 +7,7 @@ path on another), so both must publish the same descriptor and combine in the sa
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from collsvc.client.backends.shm import LocalGroup
-from collsvc.errors import CollectiveMismatchError
+from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, CollsvcError
 from collsvc.types import ReduceOp
 from tests.unit.shm.test_collectives import DTYPES, allowed_ops, make, reference, same_bits
 from tests.unit.shm.threads import run_group
@@ -217,6 +218,47 @@ def test_a_prepared_barrier_against_an_all_reduce_is_a_mismatch_on_every_rank() 
 
 def test_a_group_of_one_prepares_no_barrier() -> None:
     assert run_group(1, lambda g: g.prepare_barrier(digest=1)) == [None]
+
+
+def test_prepared_calls_on_a_closed_group_raise_that_it_is_closed() -> None:
+    def body(group: LocalGroup) -> None:
+        barrier = group.prepare_barrier(digest=5)
+        reduce = group.prepare_all_reduce(np.dtype(np.float32), 4, ReduceOp.SUM, digest=5)
+        assert barrier is not None and reduce is not None
+        group.barrier(_far())  # both ranks prepared before either closes
+        group.close()
+        with pytest.raises(CollsvcError, match="closed"):
+            group.run_barrier(barrier, _far())
+        x = np.ones(4, np.float32)
+        with pytest.raises(CollsvcError, match="closed"):
+            group.run_all_reduce(reduce, x, x, _far())
+
+    run_group(2, body)
+
+
+def test_a_prepared_call_after_fail_raises_the_failure_without_arriving_at_the_barrier() -> None:
+    """A failed rank's prepared call must not count as its arrival: a peer waiting at that barrier
+    times out naming it, rather than passing a barrier the failed rank never took."""
+    failed_call_raised = threading.Event()
+    boom = RuntimeError("coordinator says the job failed")
+
+    def body(group: LocalGroup) -> list[int]:
+        plan = group.prepare_barrier(digest=5)
+        assert plan is not None
+        group.barrier(_far())  # both ranks prepared
+        if group.rank == 0:
+            group.fail(boom)
+            with pytest.raises(RuntimeError) as info:
+                group.run_barrier(plan, time.monotonic() + 5)
+            assert info.value is boom
+            failed_call_raised.set()
+            return []
+        assert failed_call_raised.wait(10)
+        with pytest.raises(CollectiveTimeoutError) as timeout:
+            group.run_barrier(plan, time.monotonic() + 0.5)
+        return list(timeout.value.ranks)
+
+    assert run_group(2, body) == [[], [0]]
 
 
 def _far() -> float:
