@@ -32,8 +32,12 @@ import struct
 import time
 from collections.abc import Callable
 
+from collsvc.client.backends.shm.segment import DESCRIPTOR_BYTES
+
 HEADER = struct.Struct("<BxxxIQ")  # kind, sender local rank, generation
 HELLO, ARRIVE, RELEASE, WAKE = 1, 2, 3, 4
+# The smallest inbox buffer; a group's buffer also holds local rank 0's release, which carries every
+# rank's barrier body (a call descriptor, at most DESCRIPTOR_BYTES) behind a one-byte length.
 _MAX_MESSAGE = 1024
 _GONE = (ConnectionRefusedError, ConnectionResetError, BrokenPipeError, FileNotFoundError)
 _CREDENTIALS = struct.Struct("<iII")  # struct ucred: pid, uid, gid
@@ -78,7 +82,8 @@ class Doorbell:
         self._poll = select.poll()
         self._poll.register(self._inbox, select.POLLIN)
         self._out: dict[int, socket.socket] = {}
-        self._buf = bytearray(_MAX_MESSAGE)
+        self._capacity = max(_MAX_MESSAGE, HEADER.size + size * (1 + DESCRIPTOR_BYTES))
+        self._buf = bytearray(self._capacity)
         self._expect_fds = True
         self._wake_message = HEADER.pack(WAKE, rank, 0)
         self.arrived = [0] * size
@@ -186,7 +191,11 @@ class Doorbell:
                 return False
             if self._size == 2:
                 return True
-            release = HEADER.pack(RELEASE, self._rank, generation) + b"".join(self.bodies[parity])
+            # Each body behind its length: bodies differ in length when ranks are out of step (one at a
+            # call's first step with a descriptor, another without), which the receivers must see as is.
+            release = HEADER.pack(RELEASE, self._rank, generation) + b"".join(
+                bytes((len(b),)) + b for b in self.bodies[parity]
+            )
             return self._send_all(list(self._out), release, deadline)
         if not self._send_fast(0, HEADER.pack(ARRIVE, self._rank, generation) + body, deadline):
             return False
@@ -271,7 +280,7 @@ class Doorbell:
         while True:
             try:
                 if self._expect_fds:
-                    data, ancillary, _, source = self._inbox.recvmsg(_MAX_MESSAGE, ANCILLARY_BYTES)
+                    data, ancillary, _, source = self._inbox.recvmsg(self._capacity, ANCILLARY_BYTES)
                     fds = received_fds(ancillary)
                     if not sent_by_this_user(ancillary):
                         source = None  # never trusted
@@ -295,10 +304,11 @@ class Doorbell:
                 self.bodies[generation % 2][sender] = bytes(view[HEADER.size : size])
             elif trusted and kind == RELEASE and sender == 0 and generation > self.released:
                 self.released = generation
-                bodies, part = self.bodies[generation % 2], (size - HEADER.size) // self._size
+                bodies, at = self.bodies[generation % 2], HEADER.size
                 for rank in range(self._size):
-                    start = HEADER.size + rank * part
-                    bodies[rank] = bytes(view[start : start + part])
+                    length = view[at] if at < size else 0
+                    bodies[rank] = bytes(view[at + 1 : min(at + 1 + length, size)])
+                    at += 1 + length
             elif trusted and kind == HELLO and fds and sender not in self.hellos:
                 self.hellos[sender] = (fds[0], bytes(view[HEADER.size : size]))
                 keep = True
