@@ -15,6 +15,7 @@ from collsvc.client.backends.shm.board import memory_barriers_supported
 from collsvc.config import shm_barriers
 from collsvc.errors import RendezvousError
 from collsvc.types import ReduceOp
+from tests.unit.shm.threads import run_group
 
 needs_x86 = pytest.mark.skipif(not memory_barriers_supported(), reason="memory barriers need an x86-64 CPU")
 
@@ -91,32 +92,19 @@ def test_the_barrier_kind_comes_from_the_environment(monkeypatch: pytest.MonkeyP
 def test_a_call_given_spin_zero_sleeps_at_once_and_the_budget_comes_back() -> None:
     """The hierarchical pipeline passes ``spin=0`` for a step it expects to wait long: the waiting rank
     must sleep at once although its group polls for 10 s, and the group's budget is 10 s again after."""
-    namespace = uuid.uuid4().hex
-    errors: list[BaseException] = []
-    budgets: dict[int, float] = {}
 
-    def rank(r: int) -> None:
-        try:
-            with LocalGroup(namespace, r, 2, timeout=5, spin=10.0, barriers="memory") as group:
-                buf = np.full(1000, float(r))
-                if r == 0:
-                    peer = group._segments[1]
-                    deadline = time.monotonic() + 5
-                    while not peer.sleeping[0] and time.monotonic() < deadline:
-                        os.sched_yield()
-                    assert peer.sleeping[0], "the waiting rank polled instead of sleeping"
-                    group.broadcast(buf, 0, time.monotonic() + 5)
-                else:
-                    group.broadcast(buf, 0, time.monotonic() + 5, spin=0.0)
-                assert (buf == 0.0).all()
-                budgets[r] = group.spin_seconds
-        except BaseException as exc:
-            errors.append(exc)
+    def work(group: LocalGroup) -> float:
+        buf = np.full(1000, float(group.rank))
+        if group.rank == 0:
+            peer = group._segments[1]
+            deadline = time.monotonic() + 5
+            while not peer.sleeping[0] and time.monotonic() < deadline:
+                os.sched_yield()
+            assert peer.sleeping[0], "the waiting rank polled instead of sleeping"
+            group.broadcast(buf, 0, time.monotonic() + 5)
+        else:
+            group.broadcast(buf, 0, time.monotonic() + 5, spin=0.0)
+        assert (buf == 0.0).all()
+        return group.spin_seconds
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(15)
-    assert not errors, errors
-    assert budgets == {0: 10.0, 1: 10.0}
+    assert run_group(2, work, spin=10.0, barriers="memory") == [10.0, 10.0]

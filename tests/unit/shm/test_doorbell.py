@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 import uuid
 
@@ -11,6 +10,7 @@ import pytest
 
 from collsvc.client.backends.shm.doorbell import Doorbell
 from collsvc.client.backends.shm.segment import DESCRIPTOR_BYTES
+from tests.unit.shm.threads import run_ranks
 
 
 @pytest.mark.parametrize("size", [3, 40])
@@ -19,27 +19,17 @@ def test_every_rank_sees_every_body_even_when_their_lengths_differ(size: int) ->
     0's release must hand each rank's on unchanged, at any group size (40 x 60 bytes is past 1 KiB)."""
     namespace = uuid.uuid4().hex
     bodies = [bytes([r % 251]) * (r * 7 % (DESCRIPTOR_BYTES + 1)) for r in range(size)]
-    seen: dict[int, list[bytes]] = {}
-    errors: list[BaseException] = []
 
-    def rank(r: int) -> None:
+    def rank(r: int) -> list[bytes]:
         bell = Doorbell(namespace, r, size)
         fd = os.memfd_create("doorbell-test")
         try:
             deadline = time.monotonic() + 20
             assert bell.exchange(fd, b"", deadline, lambda: None)
             assert bell.barrier(1, bodies[r], deadline, lambda: None, 0.0)
-            seen[r] = list(bell.bodies[1])
-        except BaseException as exc:
-            errors.append(exc)
+            return list(bell.bodies[1])
         finally:
             os.close(fd)
             bell.close()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors, errors
-    assert seen == dict.fromkeys(range(size), bodies)
+    assert run_ranks(rank, range(size), size) == [bodies] * size
