@@ -9,6 +9,7 @@ them in the mailbox (``lane_wire.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import logging
 import secrets
@@ -167,6 +168,7 @@ class LaneListener:
 
     def _receive(self, conn: socket.socket, src: int) -> None:
         reader = StagedReader(conn)
+        cut = functools.partial(_cut, conn)  # how a call that withdrew its array stops this reader
         while True:
             head = reader.take(frames.HEADER.size)
             if head[: len(DRAIN_MAGIC)] == DRAIN_MAGIC:  # every frame before it was deposited
@@ -177,7 +179,7 @@ class LaneListener:
                 raise frames.FrameError(f"rank {src}'s lane carried a frame from rank {layout.src}")
             header = layout.header(bytes(reader.take(layout.signature_bytes)))
             key = (layout.key_hash, layout.seq, layout.step, layout.src)
-            into = self._mailbox.landings.claim(key, layout.payload_bytes, layout.digest, lambda: _cut(conn))
+            into = self._mailbox.landings.claim(key, layout.payload_bytes, layout.digest, cut)
             if into is None:
                 payload = self._buffers.take(layout.payload_bytes)  # not zeroed: every byte is read into it
                 reader.read_into(payload)
