@@ -243,15 +243,22 @@ class Watcher:
         link.watched = True
         deadline: float | None = None  # the end of the grace period while the coordinator is lost
         broke_with = ""  # why the stream broke when the grace period started
+        # Whether a stream ever reached the coordinator. The stream's connection is opened ahead of the
+        # Join (CoordinatorChannels.connect_ahead): on a cluster still routing the coordinator's address
+        # it may have reached a stranger while the Join's reached the coordinator. Such a first stream
+        # lost nothing: it is opened again on new connections, within the same grace period, and said
+        # at info level rather than as a lost coordinator.
+        watched_once = False
+        starting = False  # the current grace period began with a stranger before any stream
         while not self._stopping.is_set():
             try:
                 if deadline is not None:
                     self._await_coordinator(channel, deadline)
-                    self._reregister(stub, deadline)
+                    self._reregister(stub, deadline, quiet=starting)
                 self._call = stub.Watch(self._requests(), metadata=self._client.metadata)
                 for event in self._call:
                     if event.kind == Events.EVENT_KIND_WATCHING:
-                        deadline = None
+                        deadline, watched_once, starting = None, True, False
                         self._watching.set()
                         link.restored()
                         continue
@@ -268,14 +275,19 @@ class Watcher:
                 code = exc.code() if isinstance(exc, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
                 cause = str(error_from_rpc(exc, "heartbeat stream") if isinstance(exc, grpc.RpcError) else exc)
                 now = time.monotonic()
+                stranger = isinstance(exc, grpc.RpcError) and answered_by_a_stranger(exc)
                 if deadline is None:
                     deadline, broke_with = now + self._grace, cause
+                    starting = stranger and not watched_once
                     link.lost()
-                    log.warning(
-                        "job %s rank %d: lost the coordinator (%s); retrying for %gs",
-                        self._client.job_id, self._rank, cause, self._grace,
+                    log.log(
+                        logging.INFO if starting else logging.WARNING,
+                        "job %s rank %d: %s (%s); retrying for %gs",
+                        self._client.job_id, self._rank,
+                        "the heartbeat stream's first connection reached something other than the coordinator"
+                        if starting else "lost the coordinator",
+                        cause, self._grace,
                     )  # fmt: skip
-                stranger = isinstance(exc, grpc.RpcError) and answered_by_a_stranger(exc)
                 retriable = code in _RETRIABLE or stranger
                 if not retriable or now >= deadline:
                     if retriable and cause != broke_with:  # the grace period ran out: say what started it
@@ -312,8 +324,9 @@ class Watcher:
             log.error("job %s rank %d: %s", self._client.job_id, self._rank, error)
             self._failure.set(error)
 
-    def _reregister(self, stub: coordinator_pb2_grpc.CoordinatorStub, deadline: float) -> None:
-        """Re-registers with a coordinator that may have restarted (see :meth:`MemberJournal.reregister`)."""
+    def _reregister(self, stub: coordinator_pb2_grpc.CoordinatorStub, deadline: float, *, quiet: bool) -> None:
+        """Re-registers with a coordinator that may have restarted (see :meth:`MemberJournal.reregister`);
+        ``quiet``: says so at info level (a first stream that met a stranger, see :meth:`_run`)."""
         client = self._client
         waiting = client.journal.reregister(
             stub,
@@ -323,7 +336,8 @@ class Watcher:
             timeout=max(min(deadline - time.monotonic(), 10.0), 0.1),
             metadata=client.metadata,
         )
-        log.warning(
+        log.log(
+            logging.INFO if quiet else logging.WARNING,
             "job %s rank %d: re-registered with the coordinator at %s%s",
             client.job_id, self._rank, client.address, " (waiting for the other members)" if waiting else "",
         )  # fmt: skip
