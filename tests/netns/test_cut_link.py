@@ -55,19 +55,31 @@ def drop_between(host: topology.Host, other: topology.Host) -> None:
 
 
 @pytest.mark.parametrize(
-    ("op", "per_host", "lane"),
-    [("send_recv", 1, "1"), ("all_reduce", 1, "1"), ("all_reduce", 2, "1"), ("all_reduce", 2, "0")],
-    ids=["send_recv", "all_reduce", "all_reduce-2-per-host", "all_reduce-2-per-host-grpc"],
+    ("op", "per_host", "lane", "nbytes"),
+    [
+        ("send_recv", 1, "1", 64 << 10),
+        ("all_reduce", 1, "1", 64 << 10),
+        ("all_reduce", 2, "1", 64 << 10),
+        ("all_reduce", 2, "0", 64 << 10),
+        ("all_reduce", 2, "1", 1 << 20),
+    ],
+    ids=[
+        "send_recv",
+        "all_reduce",
+        "all_reduce-2-per-host",
+        "all_reduce-2-per-host-grpc",
+        "all_reduce-2-per-host-sliced",
+    ],
 )
 def test_a_cut_link_names_the_other_end_on_both_sides(
-    hosts: dict[str, topology.Host], tmp_path: Path, op: str, per_host: int, lane: str
+    hosts: dict[str, topology.Host], tmp_path: Path, op: str, per_host: int, lane: str, nbytes: int
 ) -> None:
-    """With two ranks per host (shared memory within a host, each host's first rank leads and alone
-    crosses the link), every rank names ranks of the other host only: one that hears the far side's
-    account first (rank 2 left: sending to rank 0 failed) learns from the coordinator that rank 0 was
-    still running, so the path broke, and names the far end seen from its own host. Never itself, never
-    its own host's leader. The same over gRPC calls instead of the bulk lane (``COLLSVC_TCP_LANE=0``)."""
-    nbytes = 64 << 10
+    """With two ranks per host (shared memory within a host; at 64 KiB each host's first rank leads
+    and alone crosses the link, at 1 MiB every rank crosses with its counterpart on the other host),
+    every rank names ranks of the other host only: one that hears the far side's account first
+    (rank 2 left: sending to rank 0 failed) learns from the coordinator that rank 0 was still running,
+    so the path broke, and names the far end seen from its own host. Never itself, never a rank of its
+    own host. The same over gRPC calls instead of the bulk lane (``COLLSVC_TCP_LANE=0``)."""
     world = 2 * per_host
     a, b, c = hosts["a"], hosts["b"], hosts["c"]
     token_file = tmp_path / "token"

@@ -90,3 +90,40 @@ def test_pipelined_hierarchy_with_many_chunks(layout: str, monkeypatch: pytest.M
     expected = sum(np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(len(hosts)))
     for got in results:
         assert np.array_equal(got, expected)
+
+
+def test_plan_pairs_members_of_the_same_local_index_when_hosts_hold_as_many() -> None:
+    from collsvc.client.backends.base import GroupSpec
+
+    even: dict[int, Any] = dict(enumerate(["a", "b", "a", "b", "a", "b"]))
+    topo = plan(GroupSpec("g", tuple(range(6)), 3), even)
+    assert topo.local == (1, 3, 5) and topo.local_index == 1
+    assert topo.counterparts == (2, 3)  # host a's second member, host b's second member
+    uneven: dict[int, Any] = dict(enumerate(["a", "a", "a", "b"]))
+    assert plan(GroupSpec("g", (0, 1, 2, 3), 0), uneven).counterparts is None
+
+
+@pytest.mark.parametrize(("layout", "count"), [("2x2", 300_000), ("2x3", 1_300_001), ("3x2", 1_300_001)])
+def test_hosts_holding_as_many_members_all_reduce_by_slices(
+    layout: str, count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above 64 KiB, hosts with as many members each go by slices: every member reduces its slice of
+    each chunk on its host and all-reduces it with its counterparts. 1 300 001 float64 is three
+    chunks of the 4 MiB slots, the last one short and not divisible by the members per host."""
+    hosts = {"2x3": ["a", "a", "a", "b", "b", "b"], "3x2": ["a", "b", "c", "a", "b", "c"]}.get(layout) or LAYOUTS[
+        layout
+    ]
+    sliced: list[int] = []
+    original = RingBackend._sliced_all_reduce
+
+    def counting(self: RingBackend, call: Any, *args: Any) -> None:
+        sliced.append(call.group.index)
+        original(self, call, *args)
+
+    monkeypatch.setattr(RingBackend, "_sliced_all_reduce", counting)
+    results = run(hosts, "always", ReduceOp.SUM, count)
+    expected = sum(np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(len(hosts)))
+    assert sorted(sliced) == list(range(len(hosts)))
+    for got in results:
+        assert np.array_equal(got, expected)
+        assert got.tobytes() == results[0].tobytes()

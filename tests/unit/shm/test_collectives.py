@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from collsvc.client.backends.shm import LocalGroup
+from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, CollsvcError
 from collsvc.types import ReduceOp, check_op_dtype
 from tests.unit.shm.threads import run_group
 
@@ -261,3 +262,56 @@ def test_bad_arguments_fail_locally_before_anything_is_shared() -> None:
         LocalGroup("x", 2, 2, timeout=1)
     with pytest.raises(ValueError):
         LocalGroup("x", 0, 2, slot_bytes=100, timeout=1)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("length", [7, 2500])  # 2500 float64 over 4 KiB slots: 5 chunks
+def test_an_exchange_rewrites_each_ranks_reduced_slice_before_the_others_copy_it(size: int, length: int) -> None:
+    """all_reduce's ``exchange`` sees every chunk's slices once, in order, tiling the array; what it
+    writes there is what every rank ends with. It runs at any size (7 elements: one short chunk)."""
+    inputs = [make(r, np.dtype(np.float64), length) for r in range(size)]
+    summed = reference(ReduceOp.SUM, inputs)
+
+    def work(group: LocalGroup) -> list[tuple[int, int, int]]:
+        buf = inputs[group.rank].copy()
+        seen: list[tuple[int, int, int]] = []
+
+        def exchange(chunk: int, lo: int, hi: int) -> None:
+            assert same_bits(buf[lo:hi], summed[lo:hi])
+            buf[lo:hi] *= 2
+            seen.append((chunk, lo, hi))
+
+        group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 10, exchange=exchange)
+        assert same_bits(buf, summed * 2)
+        return seen
+
+    slices = sorted(s for seen in run_group(size, work) for s in seen)
+    covered = [(lo, hi) for _, lo, hi in slices]
+    assert covered[0][0] == 0 and covered[-1][1] == length
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))
+
+
+def test_an_exchange_that_raises_leaves_its_rank_out_of_step() -> None:
+    """The rank whose exchange raised gets that error, and its later calls raise (its peers are a step
+    ahead), even for a mismatch found across hosts (which, found by the group itself, leaves every rank
+    in step); the peers' wait for it ends at their deadline, naming it."""
+
+    def work(group: LocalGroup) -> str:
+        buf = np.ones(2500, np.float64)
+
+        def exchange(chunk: int, lo: int, hi: int) -> None:
+            if group.rank == 1 and chunk == 1:
+                raise CollectiveMismatchError("a rank on another host called something else")
+
+        try:
+            group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 1, exchange=exchange)
+        except CollectiveMismatchError as exc:
+            with pytest.raises(CollsvcError) as later:
+                group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 1)
+            assert later.value is exc  # at once, without a step
+            return "raised"
+        except CollectiveTimeoutError as exc:
+            return f"timeout naming {[w['rank'] for w in exc.waiting_on]}"
+        return "finished"
+
+    assert run_group(2, work) == ["timeout naming [1]", "raised"]

@@ -42,6 +42,9 @@ from collsvc.types import ReduceOp
 # Chunk of the hierarchical all_reduce pipeline: big enough that per-chunk overheads stay small,
 # small enough that the cross-host transfer of one chunk overlaps the host-local work on the next.
 PIPELINE_CHUNK_BYTES = 4 << 20
+# Above this, a hierarchical all_reduce over hosts that hold as many members each goes by slices
+# (``_sliced_all_reduce``); at or below it, through the hosts' leaders.
+SLICED_ABOVE_BYTES = 64 << 10
 
 
 class RingBackend:
@@ -219,11 +222,14 @@ class RingBackend:
         the host reduces and broadcasts neighbouring chunks.
         """
         me = call.group.ranks[call.group.index]
-        step = max(1, PIPELINE_CHUNK_BYTES // max(buf.itemsize, 1))
-        bounds = [(lo, min(lo + step, buf.size)) for lo in range(0, buf.size, step)] or [(0, 0)]
         shared = None
         if self._local_groups is not None and len(topo.local) > 1:
             shared = self._joined(call, self._sub_call(call, "/host", topo.local, me), topo)
+            if topo.counterparts is not None and buf.nbytes > SLICED_ABOVE_BYTES:
+                self._sliced_all_reduce(call, buf, op, topo, wire, shared)
+                return
+        step = max(1, PIPELINE_CHUNK_BYTES // max(buf.itemsize, 1))
+        bounds = [(lo, min(lo + step, buf.size)) for lo in range(0, buf.size, step)] or [(0, 0)]
         crossing: list[Future[None]] = []
         # Whether the last local step of each kind outlasted the group's polling budget. A member waits
         # there for its leader's cross-host exchange of the piece before (milliseconds for megabytes):
@@ -275,6 +281,52 @@ class RingBackend:
             if k >= 1:
                 finish(k - 1)
         finish(len(bounds) - 1)
+
+    def _sliced_all_reduce(
+        self,
+        call: Call,
+        buf: np.ndarray,
+        op: ReduceOp,
+        topo: Topology,
+        wire: compressed.Wire | None,
+        shared: LocalGroup,
+    ) -> None:
+        """The hierarchical all_reduce where every host holds as many members (Horovod's hierarchical
+        allreduce): the host's shared-memory all_reduce, in which each local rank, once it reduced its
+        slice of a chunk, all-reduces that slice with the members of the same local index on the other
+        hosts (``topo.counterparts``, over ``wire`` when compressed) before handing it to its local peers.
+        Every member moves 1/n of the bytes across hosts (n: members per host), so the links between
+        hosts carry several connections at once and no member copies the whole array twice.
+
+        Raises:
+            CollectiveMismatchError / CollectiveTimeoutError: naming global ranks, local or remote.
+        """
+        me = call.group.ranks[call.group.index]
+        assert topo.counterparts is not None
+        counterparts = topo.counterparts
+        crossed: list[BaseException] = []
+
+        def exchange(chunk: int, lo: int, hi: int) -> None:
+            part = buf[lo:hi]
+            sub = self._sub_call(call, f"/across/{topo.local_index}/{chunk}", counterparts, me)
+            try:
+                if wire is not None:
+                    self._run(sub, lambda ch: compressed.all_reduce(ch, part, wire))
+                else:
+                    self._run(sub, lambda ch: algorithms.all_reduce(ch, part, op, **self._small))
+            except BaseException as exc:
+                crossed.append(exc)  # names global ranks already
+                raise
+
+        try:
+            # Each wait after the first is for a local peer's exchange across hosts (milliseconds for
+            # megabytes): polling through it would take the core from the ranks doing that work where
+            # cores are shared, so the waits sleep at once (a wake-up is tens of microseconds).
+            shared.all_reduce(buf, op, call.deadline, digest=call.signature.digest, exchange=exchange, spin=0.0)
+        except (CollectiveMismatchError, CollectiveTimeoutError) as exc:
+            if crossed and exc is crossed[0]:
+                raise
+            raise in_global_ranks(call, topo.local, exc) from exc
 
     def _pipeline(self) -> ThreadPoolExecutor:
         if self._pipeline_pool is None:

@@ -25,6 +25,8 @@ class Topology:
         leaders: the first member of each host (global ranks, group order).
         leader_index: this member's position in ``leaders`` (None unless it leads its host).
         hosts: how many hosts the group spans.
+        counterparts: the members at ``local_index`` on every host (global ranks, hosts in the order of
+            ``leaders``) where every host holds as many members as this one; None otherwise.
     """
 
     local: tuple[int, ...]
@@ -38,6 +40,7 @@ class Topology:
         return self.hosts == 1
 
     any_shared: bool = False
+    counterparts: tuple[int, ...] | None = None
 
     @property
     def hierarchical_pays(self) -> bool:
@@ -50,18 +53,18 @@ def plan(group: GroupSpec, hosts: Mapping[int, str]) -> Topology:
     me = group.ranks[group.index]
     my_host = hosts.get(me, "")
     local = tuple(r for r in group.ranks if hosts.get(r, "") == my_host)
-    seen: dict[str, int] = {}
-    counts: dict[str, int] = {}
+    members: dict[str, list[int]] = {}  # host -> its members in group order; hosts in order of first member
     for rank in group.ranks:
-        host = hosts.get(rank, "")
-        seen.setdefault(host, rank)
-        counts[host] = counts.get(host, 0) + 1
-    leaders = tuple(seen.values())
+        members.setdefault(hosts.get(rank, ""), []).append(rank)
+    leaders = tuple(ranks[0] for ranks in members.values())
+    local_index = local.index(me)
+    even = all(len(ranks) == len(local) for ranks in members.values())
     return Topology(
         local=local,
-        local_index=local.index(me),
+        local_index=local_index,
         leaders=leaders,
         leader_index=leaders.index(me) if me in leaders else None,
         hosts=len(leaders),
-        any_shared=any(c > 1 for c in counts.values()),
+        any_shared=any(len(ranks) > 1 for ranks in members.values()),
+        counterparts=tuple(ranks[local_index] for ranks in members.values()) if even else None,
     )

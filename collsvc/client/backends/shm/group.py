@@ -9,7 +9,10 @@ finished reading step ``g``: two parities make one barrier per step enough.
 all_reduce of a large array is pipelined: in the step that publishes chunk ``k``, each rank also
 reduces its slice of chunk ``k - 1`` into its result slot and copies every rank's reduced slice of
 chunk ``k - 2`` out, so ``K`` chunks take ``K + 1`` barriers. Contributions are always combined in
-local-rank order 0..n-1, so every rank gets the same bits. Small arrays take one barrier: every rank
+local-rank order 0..n-1, so every rank gets the same bits. In an all_reduce each rank keeps its own
+reduced slice in its array (the others copy it from its result slot), and an ``exchange`` may rewrite
+that slice before it is published: the hierarchical all_reduce across hosts hands each local rank's
+slice to the ranks of the same local index on the other hosts there. Small arrays take one barrier: every rank
 publishes its whole input and reduces all of them itself. A broadcast above 256 KiB goes in at least
 four pieces, so that the root copies piece ``k + 1`` in while the others copy piece ``k`` out.
 
@@ -20,13 +23,16 @@ barrier, before any data is combined (a JobBrokenError: the job is over, as a mi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from collsvc.client.backends.reduction import finish_average, reduce_parts
 from collsvc.client.backends.shm.prepared import PreparedCalls
 from collsvc.types import ReduceOp, check_op_dtype
+
+# ``exchange(chunk, lo, hi)`` of :meth:`LocalGroup.all_reduce`: runs on this rank's reduced slice.
+Exchange = Callable[[int, int, int], None]
 
 
 def _flat(array: np.ndarray, what: str, *, writable: bool) -> np.ndarray:
@@ -49,21 +55,38 @@ class LocalGroup(PreparedCalls):
 
     # -- public collectives ----------------------------------------------------------------------
 
-    def all_reduce(self, buf: np.ndarray, op: ReduceOp, deadline: float, *, digest: int = 0) -> None:
+    def all_reduce(
+        self,
+        buf: np.ndarray,
+        op: ReduceOp,
+        deadline: float,
+        *,
+        digest: int = 0,
+        exchange: Exchange | None = None,
+        spin: float | None = None,
+    ) -> None:
         """Reduces ``buf`` across the local ranks, in place; AVG divides by the local size.
+
+        ``exchange(chunk, lo, hi)``, where given, runs on each rank once per chunk, right after the rank
+        reduced its slice ``buf[lo:hi]`` of that chunk and before the slice is handed to the others; it
+        may rewrite the slice in place (the hierarchical all_reduce all-reduces it there with the ranks
+        of the same local index on the other hosts). The call then takes the chunked path at any size.
+        ``spin`` as in :meth:`reduce`.
 
         Raises:
             TypeError / ValueError: bad array or op (before anything is shared).
             CollectiveMismatchError: local ranks called different collectives.
             CollectiveTimeoutError: a local rank did not arrive by ``deadline``.
-            BaseException: the error given to :meth:`fail`.
+            BaseException: the error given to :meth:`fail`; what ``exchange`` raises.
         """
         flat = _flat(buf, "buf", writable=True)
         check_op_dtype(op, flat.dtype)
         if self._solo():
+            if exchange is not None:
+                exchange(0, 0, flat.size)
             return
-        with self._call("all_reduce", flat, flat.size, op, None, digest, deadline) as body:
-            self._reduce(flat, op, None, deadline, body)
+        with self._polling(spin), self._call("all_reduce", flat, flat.size, op, None, digest, deadline) as body:
+            self._reduce(flat, op, None, deadline, body, exchange)
 
     def reduce(
         self, buf: np.ndarray, op: ReduceOp, root: int, deadline: float, *, digest: int = 0, spin: float | None = None
@@ -312,11 +335,19 @@ class LocalGroup(PreparedCalls):
             self._step(deadline, body if index == 0 else None)
             yield lo, hi, parity, piece
 
-    def _reduce(self, buf: np.ndarray, op: ReduceOp, root: int | None, deadline: float, body: bytes) -> None:
+    def _reduce(
+        self,
+        buf: np.ndarray,
+        op: ReduceOp,
+        root: int | None,
+        deadline: float,
+        body: bytes,
+        exchange: Exchange | None = None,
+    ) -> None:
         n, me, total = self._size, self._rank, buf.size
         views = self._all_views(buf.dtype)
         gather = root is None or root == me
-        if self._direct(total * buf.dtype.itemsize):
+        if exchange is None and self._direct(total * buf.dtype.itemsize):
             parity = self._parity()
             views[me].inputs[parity][:total] = buf  # slice assignment: numpy's copyto wrapper costs more
             self._step(deadline, body)
@@ -348,12 +379,32 @@ class LocalGroup(PreparedCalls):
                 lo, length = pending
                 for rank in range(n):
                     a, z = length * rank // n, length * (rank + 1) // n
-                    np.copyto(buf[lo + a : lo + z], views[rank].results[parity][: z - a])
+                    if rank != me or root is not None:  # all_reduce: our own slice is in buf already
+                        np.copyto(buf[lo + a : lo + z], views[rank].results[parity][: z - a])
             if current is not None:
                 lo, length = current
                 a, z = length * me // n, length * (me + 1) // n
-                parts = [buf[lo + a : lo + z] if r == me else views[r].inputs[parity][a:z] for r in range(n)]
-                _combine(op, views[me].results[1 - parity][: z - a], parts, n)
+                own = buf[lo + a : lo + z]
+                parts = [own if r == me else views[r].inputs[parity][a:z] for r in range(n)]
+                result = views[me].results[1 - parity][: z - a]
+                if root is not None:
+                    _combine(op, result, parts, n)
+                else:
+                    # all_reduce: local ranks 0 and 1 reduce in place into their own slice of buf
+                    # (reading two arrays and writing one of them costs about half of writing a third;
+                    # _combine allows it for the first two parts), then publish the slice.
+                    in_place = me < 2
+                    _combine(op, own if in_place else result, parts, n)
+                    if not in_place:
+                        own[:] = result
+                    if exchange is not None:
+                        try:
+                            exchange(index, lo + a, lo + z)
+                        except BaseException as exc:
+                            self._left_step(exc)  # even a mismatch found there: the peers are at the next step
+                            raise
+                    if in_place or exchange is not None:
+                        result[:] = own
             pending = current
 
 

@@ -291,8 +291,12 @@ class StepEngine:
     def _call_ended_in(self, exc: BaseException) -> None:
         """A call of this group raised ``exc``: unless it is an agreed mismatch (every rank raised after
         the same barrier, still in step), ranks are out of step now and no later call may use the slots."""
-        if isinstance(exc, CollectiveMismatchError):
-            return
+        if not isinstance(exc, CollectiveMismatchError):
+            self._left_step(exc)
+
+    def _left_step(self, exc: BaseException) -> None:
+        """This rank left a call midway on ``exc`` (whatever it is): its peers are out of step with it,
+        so this call and every later one raise (``exc`` where it is a CollsvcError)."""
         if self._error is None:
             self._error = exc if isinstance(exc, CollsvcError) else CollsvcError(f"{self._name}: {exc!r}")
 
