@@ -5,12 +5,13 @@ member of a call takes the same one:
 
 - one host, shared memory available: ``LocalGroup`` collectives (all_reduce, reduce, broadcast,
   all_gather, reduce_scatter);
-- several hosts with several members on some host: hierarchical all_reduce (local reduce, leaders'
-  all_reduce over gRPC, local broadcast);
+- several hosts with several members on some host: hierarchical all_reduce, by slices where every
+  host holds as many members (each local rank all-reduces its slice with the other hosts), else
+  through one leader per host (local reduce, leaders' all_reduce over gRPC, local broadcast);
 - everything else: the algorithms in ``algorithms.py`` over gRPC channels.
 
 all_reduce and reduce_scatter calls with ``compression`` compress the frames that cross hosts
-(``compressed.py``): the leaders' exchange of a hierarchical all_reduce, every frame of a flat group
+(``compressed.py``): the cross-host exchanges of a hierarchical all_reduce, every frame of a flat group
 over several hosts. On one host they run exactly as without it.
 """
 

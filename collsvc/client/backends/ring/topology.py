@@ -2,8 +2,9 @@
 
 - All members on one host: collectives run through shared memory (``backends/shm``).
 - Members on several hosts, some host with more than one: hierarchical all_reduce, which reduces
-  within each host, all-reduces across one leader per host over gRPC, and broadcasts within each
-  host; only 2(h-1)/h of the bytes cross the (slow) links between h hosts.
+  within each host, all-reduces across hosts (by slices among ``counterparts`` where every host
+  holds as many members, else among one leader per host), and shares the result within each host;
+  only 2(h-1)/h of the bytes cross the (slow) links between h hosts.
 - Otherwise: the flat algorithms over gRPC channels.
 """
 
