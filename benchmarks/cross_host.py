@@ -6,7 +6,8 @@ Usage (root: it builds two network namespaces joined by veth on a bridge, and re
 
 For every link (``bare``: the veth as it is; a rate such as ``10gbit``: ``tc tbf`` on both hosts'
 outgoing side) it measures, in one process tree, alternating the libraries from repeat to repeat:
-- the floor (benchmarks/link_floor.py): one TCP stream from host a to host b, and raw-bytes gRPC calls;
+- the floor (benchmarks/link_floor.py): one TCP stream from host a to host b, one connection carrying
+  as much both ways at once (its rate each way), and raw-bytes gRPC calls;
 - all_reduce of float32 with ``--per-host`` ranks on each host: collsvc over its bulk lane (the
   default), collsvc with ``COLLSVC_TCP_LANE=0`` (every frame a gRPC call), and torch's gloo (one
   thread, ``GLOO_SOCKET_IFNAME``), each with the protocol of collsvc/bench/protocol.py (its own barrier
@@ -243,6 +244,7 @@ def measure_link(hosts: dict[str, topology.Host], link: str, args: argparse.Name
     result: dict[str, Any] = {
         "link": link,
         "tcp_stream_gbs": statistics.median(f["tcp_stream_gbs"] for f in floors),
+        "tcp_both_ways_gbs": statistics.median(f["tcp_both_ways_gbs"] for f in floors),
         "grpc": floors[len(floors) // 2]["grpc"],
         "per_host": {},
     }
@@ -282,8 +284,8 @@ def tables(results: list[dict[str, Any]], roads: list[str]) -> list[str]:
     lines = [
         "| link | ranks per host | size | "
         + " | ".join(f"{name} p50" for name in [*roads, "gloo"])
-        + " | collsvc busbw GB/s | TCP stream GB/s | gloo / collsvc |",
-        "|---" * (6 + len(roads)) + "|",
+        + " | collsvc busbw GB/s | TCP stream GB/s | TCP both ways GB/s | gloo / collsvc |",
+        "|---" * (8 + len(roads)) + "|",
     ]
     for result in results:
         for per_host, rows in result["per_host"].items():
@@ -293,7 +295,7 @@ def tables(results: list[dict[str, Any]], roads: list[str]) -> list[str]:
                 lines.append(
                     f"| {result['link']} | {per_host} | {human(row['bytes'])} | {times} "
                     f"| {busbw(row['bytes'], 2 * int(per_host), ours):.2f} | {result['tcp_stream_gbs']:.2f} "
-                    f"| {row['gloo'] / ours:.2f}x |"
+                    f"| {result['tcp_both_ways_gbs']:.2f} | {row['gloo'] / ours:.2f}x |"
                 )
     lines += [
         "",

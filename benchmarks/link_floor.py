@@ -5,9 +5,11 @@ Run by benchmarks/cross_host.py, one side in each host's network namespace:
     python benchmarks/link_floor.py serve HOST          # prints "ready TCP_PORT GRPC_PORT", then serves
     python benchmarks/link_floor.py measure HOST TCP_PORT GRPC_PORT --sizes 64K,1M,16M --total 256M
 
-``measure`` prints one JSON line: the TCP stream's rate (4 MiB writes, one connection, one direction)
-and, per message size, raw-bytes gRPC (identity serializers, no protobuf copies) as unary calls with
-four in flight and as one client stream; rates in GB/s (1e9 bytes per second).
+``measure`` prints one JSON line: the TCP stream's rate (4 MiB writes, one connection, one direction),
+the rate of each direction of one connection that carries as much both ways at once (what a two-rank
+all_reduce asks of a link: each rank sends as much as it receives) and, per message size, raw-bytes
+gRPC (identity serializers, no protobuf copies) as unary calls with four in flight and as one client
+stream; rates in GB/s (1e9 bytes per second).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import struct
 import sys
 import threading
 import time
@@ -30,6 +33,7 @@ from collsvc.bench.harness import parse_size  # noqa: E402
 OPTIONS = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
 SERVICE = "floor.Bytes"
 STREAM_WRITE = 4 << 20
+HEADER = struct.Struct("<?Q")  # both ways, bytes the client sends
 
 
 def serve(host: str) -> None:
@@ -53,11 +57,19 @@ def serve(host: str) -> None:
     server.start()
 
     def drain(conn: socket.socket) -> None:
-        buffer = memoryview(bytearray(STREAM_WRITE))
         with conn:
+            header = receive_exactly(conn, HEADER.size)
+            both_ways, total = HEADER.unpack(header)
+            sender = threading.Thread(target=stream_out, args=(conn, total), daemon=True) if both_ways else None
+            if sender is not None:
+                sender.start()
+            buffer = memoryview(bytearray(STREAM_WRITE))
             while conn.recv_into(buffer):
                 pass
-            conn.sendall(b"k")  # the whole stream arrived
+            if sender is not None:
+                sender.join()
+            else:
+                conn.sendall(b"k")  # the whole stream arrived
 
     print(f"ready {listener.getsockname()[1]} {grpc_port}", flush=True)
     while True:
@@ -65,15 +77,51 @@ def serve(host: str) -> None:
         threading.Thread(target=drain, args=(conn,), daemon=True).start()
 
 
-def tcp_rate(host: str, port: int, total: int) -> float:
+def receive_exactly(conn: socket.socket, size: int) -> bytes:
+    """``size`` bytes from ``conn``. Raises ConnectionError if it closes first."""
+    data = b""
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            raise ConnectionError("the connection closed early")
+        data += more
+    return data
+
+
+def stream_out(conn: socket.socket, total: int) -> None:
+    """Sends ``total`` bytes (whole writes of STREAM_WRITE), then ends the sending side."""
     data = bytes(STREAM_WRITE)
+    for _ in range(total // STREAM_WRITE):
+        conn.sendall(data)
+    conn.shutdown(socket.SHUT_WR)
+
+
+def tcp_rate(host: str, port: int, total: int) -> float:
+    """GB/s of one stream from here to the server."""
+    total = max(total // STREAM_WRITE, 1) * STREAM_WRITE
     with socket.create_connection((host, port)) as conn:
+        conn.sendall(HEADER.pack(False, total))
         started = time.perf_counter()
-        for _ in range(max(total // STREAM_WRITE, 1)):
-            conn.sendall(data)
-        conn.shutdown(socket.SHUT_WR)
+        stream_out(conn, total)
         conn.recv(1)
-        return max(total // STREAM_WRITE, 1) * STREAM_WRITE / (time.perf_counter() - started) / 1e9
+        return total / (time.perf_counter() - started) / 1e9
+
+
+def tcp_both_ways_rate(host: str, port: int, total: int) -> float:
+    """GB/s in each direction of one connection on which both sides send ``total`` bytes at once."""
+    total = max(total // STREAM_WRITE, 1) * STREAM_WRITE
+    with socket.create_connection((host, port)) as conn:
+        conn.sendall(HEADER.pack(True, total))
+        started = time.perf_counter()
+        sender = threading.Thread(target=stream_out, args=(conn, total), daemon=True)
+        sender.start()
+        buffer, received = memoryview(bytearray(STREAM_WRITE)), 0
+        while chunk := conn.recv_into(buffer):
+            received += chunk
+        sender.join()
+        if received != total:
+            raise ConnectionError(f"received {received} of {total} bytes")
+        return total / (time.perf_counter() - started) / 1e9
 
 
 def grpc_rates(host: str, port: int, size: int, total: int) -> dict[str, float]:
@@ -116,7 +164,11 @@ def main() -> int:
         return 0
     total = parse_size(args.total)
     rows = [grpc_rates(args.host, args.grpc_port, parse_size(size), total) for size in args.sizes.split(",")]
-    print(json.dumps({"tcp_stream_gbs": tcp_rate(args.host, args.tcp_port, total), "grpc": rows}), flush=True)
+    rates = {
+        "tcp_stream_gbs": tcp_rate(args.host, args.tcp_port, total),
+        "tcp_both_ways_gbs": tcp_both_ways_rate(args.host, args.tcp_port, total),
+    }
+    print(json.dumps({**rates, "grpc": rows}), flush=True)
     return 0
 
 
