@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -276,10 +278,10 @@ def test_an_exchange_rewrites_each_ranks_reduced_slice_before_the_others_copy_it
         buf = inputs[group.rank].copy()
         seen: list[tuple[int, int, int]] = []
 
-        def exchange(chunk: int, lo: int, hi: int) -> None:
+        def exchange(chunk: int, lo: int, hi: int) -> Callable[[], None]:
             assert same_bits(buf[lo:hi], summed[lo:hi])
-            buf[lo:hi] *= 2
             seen.append((chunk, lo, hi))
+            return functools.partial(np.multiply, buf[lo:hi], 2, out=buf[lo:hi])  # finished later
 
         group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 10, exchange=exchange)
         assert same_bits(buf, summed * 2)
@@ -291,7 +293,8 @@ def test_an_exchange_rewrites_each_ranks_reduced_slice_before_the_others_copy_it
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))
 
 
-def test_an_exchange_that_raises_leaves_its_rank_out_of_step() -> None:
+@pytest.mark.parametrize("raises_in", ["start", "finish"])
+def test_an_exchange_that_raises_leaves_its_rank_out_of_step(raises_in: str) -> None:
     """The rank whose exchange raised gets that error, and its later calls raise (its peers are a step
     ahead), even for a mismatch found across hosts (which, found by the group itself, leaves every rank
     in step); the peers' wait for it ends at their deadline, naming it."""
@@ -299,9 +302,14 @@ def test_an_exchange_that_raises_leaves_its_rank_out_of_step() -> None:
     def work(group: LocalGroup) -> str:
         buf = np.ones(2500, np.float64)
 
-        def exchange(chunk: int, lo: int, hi: int) -> None:
-            if group.rank == 1 and chunk == 1:
-                raise CollectiveMismatchError("a rank on another host called something else")
+        def exchange(chunk: int, lo: int, hi: int) -> Callable[[], None]:
+            def finish() -> None:
+                if group.rank == 1 and chunk == 1:
+                    raise CollectiveMismatchError("a rank on another host called something else")
+
+            if raises_in == "start":
+                finish()
+            return finish
 
         try:
             group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 1, exchange=exchange)

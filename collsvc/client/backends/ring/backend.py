@@ -297,7 +297,8 @@ class RingBackend:
         slice of a chunk, all-reduces that slice with the members of the same local index on the other
         hosts (``topo.counterparts``, over ``wire`` when compressed) before handing it to its local peers.
         Every member moves 1/n of the bytes across hosts (n: members per host), so the links between
-        hosts carry several connections at once and no member copies the whole array twice.
+        hosts carry several connections at once and no member copies the whole array twice. A chunk's
+        exchange runs on the pipeline's worker thread while the member works on its neighbours.
 
         Raises:
             CollectiveMismatchError / CollectiveTimeoutError: naming global ranks, local or remote.
@@ -307,7 +308,7 @@ class RingBackend:
         counterparts = topo.counterparts
         crossed: list[BaseException] = []
 
-        def exchange(chunk: int, lo: int, hi: int) -> None:
+        def cross(chunk: int, lo: int, hi: int) -> None:
             part = buf[lo:hi]
             sub = self._sub_call(call, f"/across/{topo.local_index}/{chunk}", counterparts, me)
             try:
@@ -318,6 +319,9 @@ class RingBackend:
             except BaseException as exc:
                 crossed.append(exc)  # names global ranks already
                 raise
+
+        def exchange(chunk: int, lo: int, hi: int) -> Callable[[], None]:
+            return self._pipeline().submit(cross, chunk, lo, hi).result
 
         try:
             # Each wait after the first is for a local peer's exchange across hosts (milliseconds for

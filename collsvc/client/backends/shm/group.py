@@ -23,7 +23,10 @@ barrier, before any data is combined (a JobBrokenError: the job is over, as a mi
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +34,10 @@ from collsvc.client.backends.reduction import finish_average, reduce_parts
 from collsvc.client.backends.shm.prepared import PreparedCalls
 from collsvc.types import ReduceOp, check_op_dtype
 
-# ``exchange(chunk, lo, hi)`` of :meth:`LocalGroup.all_reduce`: runs on this rank's reduced slice.
-Exchange = Callable[[int, int, int], None]
+# ``exchange(chunk, lo, hi)`` of :meth:`LocalGroup.all_reduce`: starts the exchange of this rank's
+# reduced slice ``buf[lo:hi]`` of a chunk; returns a function that waits until it finished (raising
+# what it raised).
+Exchange = Callable[[int, int, int], Callable[[], None]]
 
 
 def _flat(array: np.ndarray, what: str, *, writable: bool) -> np.ndarray:
@@ -67,10 +72,11 @@ class LocalGroup(PreparedCalls):
     ) -> None:
         """Reduces ``buf`` across the local ranks, in place; AVG divides by the local size.
 
-        ``exchange(chunk, lo, hi)``, where given, runs on each rank once per chunk, right after the rank
-        reduced its slice ``buf[lo:hi]`` of that chunk and before the slice is handed to the others; it
-        may rewrite the slice in place (the hierarchical all_reduce all-reduces it there with the ranks
-        of the same local index on the other hosts). The call then takes the chunked path at any size.
+        ``exchange(chunk, lo, hi)``, where given, is started on each rank once per chunk, right after the
+        rank reduced its slice ``buf[lo:hi]`` of that chunk, and finished (the function it returns) before
+        the slice is handed to the others; meanwhile the rank works on the neighbouring chunks. It may
+        rewrite the slice in place (the hierarchical all_reduce all-reduces it there with the ranks of
+        the same local index on the other hosts). The call then takes the chunked path at any size.
         ``spin`` as in :meth:`reduce`.
 
         Raises:
@@ -83,10 +89,13 @@ class LocalGroup(PreparedCalls):
         check_op_dtype(op, flat.dtype)
         if self._solo():
             if exchange is not None:
-                exchange(0, 0, flat.size)
+                exchange(0, 0, flat.size)()
             return
         with self._polling(spin), self._call("all_reduce", flat, flat.size, op, None, digest, deadline) as body:
-            self._reduce(flat, op, None, deadline, body, exchange)
+            if exchange is None:
+                self._reduce(flat, op, None, deadline, body)
+            else:
+                self._exchanging_all_reduce(flat, op, deadline, body, exchange)
 
     def reduce(
         self, buf: np.ndarray, op: ReduceOp, root: int, deadline: float, *, digest: int = 0, spin: float | None = None
@@ -335,19 +344,11 @@ class LocalGroup(PreparedCalls):
             self._step(deadline, body if index == 0 else None)
             yield lo, hi, parity, piece
 
-    def _reduce(
-        self,
-        buf: np.ndarray,
-        op: ReduceOp,
-        root: int | None,
-        deadline: float,
-        body: bytes,
-        exchange: Exchange | None = None,
-    ) -> None:
+    def _reduce(self, buf: np.ndarray, op: ReduceOp, root: int | None, deadline: float, body: bytes) -> None:
         n, me, total = self._size, self._rank, buf.size
         views = self._all_views(buf.dtype)
         gather = root is None or root == me
-        if exchange is None and self._direct(total * buf.dtype.itemsize):
+        if self._direct(total * buf.dtype.itemsize):
             parity = self._parity()
             views[me].inputs[parity][:total] = buf  # slice assignment: numpy's copyto wrapper costs more
             self._step(deadline, body)
@@ -379,7 +380,7 @@ class LocalGroup(PreparedCalls):
                 lo, length = pending
                 for rank in range(n):
                     a, z = length * rank // n, length * (rank + 1) // n
-                    if rank != me or root is not None:  # all_reduce: our own slice is in buf already
+                    if rank != me or root is not None or me >= 2:  # all_reduce: ranks 0, 1 have theirs in buf
                         np.copyto(buf[lo + a : lo + z], views[rank].results[parity][: z - a])
             if current is not None:
                 lo, length = current
@@ -395,17 +396,79 @@ class LocalGroup(PreparedCalls):
                     # _combine allows it for the first two parts), then publish the slice.
                     in_place = me < 2
                     _combine(op, own if in_place else result, parts, n)
-                    if not in_place:
-                        own[:] = result
-                    if exchange is not None:
-                        try:
-                            exchange(index, lo + a, lo + z)
-                        except BaseException as exc:
-                            self._left_step(exc)  # even a mismatch found there: the peers are at the next step
-                            raise
-                    if in_place or exchange is not None:
+                    if in_place:
                         result[:] = own
             pending = current
+
+    def _exchanging_all_reduce(
+        self, buf: np.ndarray, op: ReduceOp, deadline: float, body: bytes, exchange: Exchange
+    ) -> None:
+        """all_reduce whose reduced slices go through ``exchange`` (see :meth:`all_reduce`).
+
+        A chunk's exchange runs while this rank hands in the next chunk and copies out the one before,
+        so results lag one step more than in :meth:`_reduce`. In step ``g`` a rank publishes chunk
+        ``g``'s inputs (parity ``g % 2``), meets the others, copies chunk ``g - 2``'s slices out of
+        their result slots, finishes chunk ``g - 1``'s exchange and publishes its slice in its result
+        slot of the other parity (read in step ``g + 1``, rewritten in step ``g + 2``), then reduces
+        its slice of chunk ``g`` and starts that chunk's exchange: ``K`` chunks take ``K + 2`` steps.
+        """
+        n, me, total = self._size, self._rank, buf.size
+        views = self._all_views(buf.dtype)
+        chunk = self._chunk(buf.dtype)
+        chunks = -(-total // chunk)
+
+        def bounds(index: int) -> tuple[int, int, int, int]:
+            lo = index * chunk
+            length = min(chunk, total - lo)
+            return lo, length, length * me // n, length * (me + 1) // n
+
+        finishing: Callable[[], None] | None = None  # waits for the exchange in flight
+        try:
+            for index in range(chunks + 2):
+                parity = self._parity()
+                if index < chunks:
+                    lo, length, a, z = bounds(index)
+                    slot = views[me].inputs[parity]
+                    np.copyto(slot[:a], buf[lo : lo + a])
+                    np.copyto(slot[z:length], buf[lo + z : lo + length])
+                self._step(deadline, body if index == 0 else None)
+                if index >= 2:
+                    lo = (index - 2) * chunk
+                    length = min(chunk, total - lo)
+                    for rank in range(n):
+                        a, z = length * rank // n, length * (rank + 1) // n
+                        if rank != me:
+                            np.copyto(buf[lo + a : lo + z], views[rank].results[parity][: z - a])
+                if finishing is not None:
+                    finish, finishing = finishing, None
+                    self._exchanged(finish)
+                    lo, _, a, z = bounds(index - 1)
+                    views[me].results[1 - parity][: z - a] = buf[lo + a : lo + z]
+                if index < chunks:
+                    lo, length, a, z = bounds(index)
+                    own = buf[lo + a : lo + z]
+                    parts = [own if r == me else views[r].inputs[parity][a:z] for r in range(n)]
+                    if me < 2:  # in place: _combine allows the first two parts as its output
+                        _combine(op, own, parts, n)
+                    else:  # through our input slot of the other parity: free until our next step
+                        scratch = views[me].inputs[1 - parity][: z - a]
+                        _combine(op, scratch, parts, n)
+                        own[:] = scratch
+                    finishing = self._exchanged(functools.partial(exchange, index, lo + a, lo + z))
+        except BaseException:
+            if finishing is not None:  # nothing may write into buf once the call has returned
+                with contextlib.suppress(BaseException):  # the call fails with the first error
+                    finishing()
+            raise
+
+    def _exchanged(self, run: Callable[[], Any]) -> Any:
+        """``run()`` (starting or finishing an exchange); what it raises leaves this rank out of step,
+        even a mismatch found across hosts: the local peers are on to the next step."""
+        try:
+            return run()
+        except BaseException as exc:
+            self._left_step(exc)
+            raise
 
 
 def _combine(op: ReduceOp, out: np.ndarray, parts: list[np.ndarray], size: int) -> None:
