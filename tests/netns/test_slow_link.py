@@ -1,7 +1,8 @@
 """A link shaped down to 10 Mbit/s in the middle of a job slows it and fails nothing.
 
-Two namespaces, one rank each, the coordinator on host "a" next to rank 0 (rank 1's heartbeats cross
-the link too). The ranks all_reduce 1 MiB in a loop over the bulk lane; once they train, both hosts'
+Two namespaces, one or two ranks each, the coordinator on host "a" next to rank 0 (host b's
+heartbeats cross the link too). The ranks all_reduce 1 MiB in a loop over the bulk lane (with two per
+host: the hierarchical all_reduce by slices, every rank crossing the link); once they train, both hosts'
 outgoing traffic is capped with ``tc tbf`` at 10 Mbit/s for longer than the heartbeat timeout and
 the lanes' dead-path limit (5 s), then the cap is lifted. Every step must stay correct, the ranks must
 make progress under the cap, and no rank may raise: a slow link is not a dead one.
@@ -52,7 +53,10 @@ def steps_between(output_lines: list[str], start: float, end: float) -> int:
     return sum(1 for line in output_lines if line.startswith("STEP ") and start <= float(line.split()[2]) <= end)
 
 
-def test_a_link_slowed_to_10_mbit_mid_job_fails_no_one(hosts: dict[str, topology.Host], tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_host", [1, 2])
+def test_a_link_slowed_to_10_mbit_mid_job_fails_no_one(
+    hosts: dict[str, topology.Host], tmp_path: Path, per_host: int
+) -> None:
     a, b = hosts["a"], hosts["b"]
     stop_file = tmp_path / "stop"
     base = clean_env()
@@ -66,7 +70,7 @@ def test_a_link_slowed_to_10_mbit_mid_job_fails_no_one(hosts: dict[str, topology
         )
         procs.append(coordinator)
         env = dict(base, COLLSVC_COORDINATOR=f"{a.address}:29400", COLLSVC_TOKEN=TOKEN, COLLSVC_JOB_ID="slow-link")
-        ranks = start_ranks(["steady", str(STEP_BYTES), str(stop_file)], [a, b], env, tmp_path)
+        ranks = start_ranks(["steady", str(STEP_BYTES), str(stop_file)], [a] * per_host + [b] * per_host, env, tmp_path)
         procs.extend(ranks)
         outputs = wait_training(ranks, START_BOUND)
         slowed_at = time.monotonic()
@@ -83,7 +87,7 @@ def test_a_link_slowed_to_10_mbit_mid_job_fails_no_one(hosts: dict[str, topology
         raise failure_with_logs(exc, procs, tmp_path) from None
     finally:
         stop(procs)
-    slow_steps = steps_between(lines[1], slowed_at, lifted_at)
+    slow_steps = steps_between(lines[-1], slowed_at, lifted_at)
     print(f"\n{SLOW_RATE} for {SLOW_SECONDS:g} s: {slow_steps} steps of {STEP_BYTES >> 20} MiB meanwhile; {results}")
     for result in results:
         assert result["error"] is None, result
