@@ -108,15 +108,18 @@ def die_mid_job(comm: collsvc.Communicator, mode: str, victim: int) -> dict[str,
 
 
 def host_env(transport: str) -> Any:
-    """Per-rank environment: one host (shared memory between ranks) or one host per rank (gRPC)."""
+    """Per-rank environment: one host (shared memory between ranks), one host per rank (gRPC), or two
+    ranks per host (hier: the pending 128 KiB all_reduce goes by slices, every rank crossing hosts)."""
 
     def env(rank: int) -> dict[str, str]:
-        return {"COLLSVC_HOST": HOST if transport == "shm" else f"host{rank}"}
+        return {"COLLSVC_HOST": host_of(rank, transport)}
 
     return env
 
 
 def host_of(rank: int, transport: str) -> str:
+    if transport == "hier":
+        return f"host{rank // 2}"
     return HOST if transport == "shm" else f"host{rank}"
 
 
@@ -134,6 +137,8 @@ def host_of(rank: int, transport: str) -> str:
         # the departed rank's final progress (sent with Leave) fails that wait at once too.
         ("close", 3, "grpc"),
         ("sigstop", 3, "shm"),
+        ("sigkill", 4, "hier"),
+        ("close", 4, "hier"),
     ],
 )
 def test_dead_rank_is_named_everywhere(mode: str, world_size: int, transport: str) -> None:
