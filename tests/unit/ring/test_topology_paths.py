@@ -127,3 +127,54 @@ def test_hosts_holding_as_many_members_all_reduce_by_slices(
     for got in results:
         assert np.array_equal(got, expected)
         assert got.tobytes() == results[0].tobytes()
+
+
+def test_two_streams_cross_hosts_at_once_in_opposite_orders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two groups' all_reduce by slices at the same time, host a's ranks crossing for stream A first
+    and host b's for stream B first: each stream has its own cross-host worker, so neither exchange
+    waits behind the other's (one worker per backend held both until the calls timed out)."""
+    from collsvc.client.backends.ring import backend as backend_module
+
+    hosts = LAYOUTS["2x2"]
+    size, count = len(hosts), 300_000
+    hub = MemoryHub(size, timeout=10)
+    table = dict(enumerate(hosts))
+    crossing = {(rank, stream): threading.Event() for rank in range(size) for stream in "AB"}
+    original = backend_module.algorithms.all_reduce
+
+    arrays: dict[int, tuple[int, str]] = {}  # id of a rank's array -> (rank, stream)
+
+    def noting(ch: Any, buf: np.ndarray, *args: Any, **kwargs: Any) -> None:
+        crossing[arrays[id(buf.base)]].set()  # buf: a slice of the call's array
+        original(ch, buf, *args, **kwargs)
+
+    monkeypatch.setattr(backend_module.algorithms, "all_reduce", noting)
+    inputs = [np.arange(count, dtype=np.float64) * (r + 1) for r in range(size)]
+    job_key = f"streams-{os.getpid()}-{threading.get_ident()}"
+
+    def rank_main(rank: int) -> list[np.ndarray]:
+        groups = LocalGroups(job_key, timeout=10)
+        backend = RingBackend(hub.transport(rank).channel, hosts=table, local_groups=groups, hierarchical="always")
+        first, second = ("A", "B") if hosts[rank] == "a" else ("B", "A")
+        signature = Signature("all_reduce", "float64", (count,), "SUM")
+
+        def run_stream(stream: str) -> np.ndarray:
+            if stream == second:
+                assert crossing[(rank, first)].wait(10), f"rank {rank} never crossed for stream {first}"
+            buf = inputs[rank].copy()
+            arrays[id(buf)] = (rank, stream)
+            backend.all_reduce(hub.call(rank, 1, signature, key=stream), buf, ReduceOp.SUM)
+            return buf
+
+        try:
+            with ThreadPoolExecutor(2) as streams:
+                return list(streams.map(run_stream, "AB"))
+        finally:
+            backend.close()
+
+    with ThreadPoolExecutor(size) as pool:
+        results = list(pool.map(rank_main, range(size)))
+    expected = sum(inputs)
+    for both in results:
+        for got in both:
+            assert np.array_equal(got, expected)

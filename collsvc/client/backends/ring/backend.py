@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,7 +78,8 @@ class RingBackend:
         self._local_groups = local_groups
         self._hierarchical = hierarchical
         self._plans: dict[tuple[tuple[int, ...], int], Topology] = {}
-        self._pipeline_pool: ThreadPoolExecutor | None = None
+        self._pipelines: dict[str, ThreadPoolExecutor] = {}  # stream -> its cross-host worker
+        self._pipelines_lock = threading.Lock()
 
     # ---- path selection ------------------------------------------------------------------------------
     def _topology(self, group: GroupSpec) -> Topology | None:
@@ -278,7 +280,7 @@ class RingBackend:
         for k in range(len(bounds)):
             local("reduce", k)
             if topo.leader_index is not None:
-                crossing.append(self._pipeline().submit(cross, k))
+                crossing.append(self._pipeline(call).submit(cross, k))
             if k >= 1:
                 finish(k - 1)
         finish(len(bounds) - 1)
@@ -321,7 +323,7 @@ class RingBackend:
                 raise
 
         def exchange(chunk: int, lo: int, hi: int) -> Callable[[], None]:
-            return self._pipeline().submit(cross, chunk, lo, hi).result
+            return self._pipeline(call).submit(cross, chunk, lo, hi).result
 
         try:
             # Each wait after the first is for a local peer's exchange across hosts (milliseconds for
@@ -333,10 +335,20 @@ class RingBackend:
                 raise
             raise in_global_ranks(call, topo.local, exc) from exc
 
-    def _pipeline(self) -> ThreadPoolExecutor:
-        if self._pipeline_pool is None:
-            self._pipeline_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collsvc-cross-host")
-        return self._pipeline_pool
+    def _pipeline(self, call: Call) -> ThreadPoolExecutor:
+        """The worker thread of ``call``'s stream for its hierarchical all_reduce's cross-host part.
+
+        One per stream, not one per backend: streams of different groups run at once (each on its
+        own thread), and with one shared worker host a could run group A's exchange while host b runs
+        group B's, each waiting for the other's that is queued behind it until the calls time out.
+        A stream's own calls run one at a time, so one worker each is enough.
+        """
+        stream = call.progress_stream
+        with self._pipelines_lock:
+            pool = self._pipelines.get(stream)
+            if pool is None:
+                pool = self._pipelines[stream] = ThreadPoolExecutor(1, thread_name_prefix="collsvc-cross-host")
+            return pool
 
     def _dispatch(
         self,
@@ -462,8 +474,10 @@ class RingBackend:
         return True
 
     def close(self) -> None:
-        if self._pipeline_pool is not None:
-            self._pipeline_pool.shutdown(wait=False, cancel_futures=True)
+        with self._pipelines_lock:
+            pools, self._pipelines = list(self._pipelines.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         if self._local_groups is not None:
             self._local_groups.close()
 
