@@ -9,10 +9,11 @@ finished reading step ``g``: two parities make one barrier per step enough.
 all_reduce of a large array is pipelined: in the step that publishes chunk ``k``, each rank also
 reduces its slice of chunk ``k - 1`` into its result slot and copies every rank's reduced slice of
 chunk ``k - 2`` out, so ``K`` chunks take ``K + 1`` barriers. Contributions are always combined in
-local-rank order 0..n-1, so every rank gets the same bits. In an all_reduce each rank keeps its own
-reduced slice in its array (the others copy it from its result slot), and an ``exchange`` may rewrite
-that slice before it is published: the hierarchical all_reduce across hosts hands each local rank's
-slice to the ranks of the same local index on the other hosts there. Small arrays take one barrier: every rank
+local-rank order 0..n-1, so every rank gets the same bits. (In all_reduce, local ranks 0 and 1 reduce
+their slice in place in their own array and copy it to their result slot: cheaper than writing a
+third array.) With an ``exchange`` each rank hands its reduced slice of every chunk to it before
+publishing it, one step later: the hierarchical all_reduce across hosts all-reduces the slice there
+with the ranks of the same local index on the other hosts. Small arrays take one barrier: every rank
 publishes its whole input and reduces all of them itself. A broadcast above 256 KiB goes in at least
 four pieces, so that the root copies piece ``k + 1`` in while the others copy piece ``k`` out.
 
