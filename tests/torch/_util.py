@@ -78,6 +78,7 @@ def run_torch(
     timeout: float = 120.0,
     allow_failures: bool = False,
     env: dict[str, str] | None = None,
+    rank_env: Callable[[int], dict[str, str]] | None = None,
 ) -> JobResult:
     """Runs ``fn(rank, world_size, *args)`` on ``world_size`` processes inside a collsvc process group.
 
@@ -85,7 +86,12 @@ def run_torch(
         mode: ``"file"``, ``"env"`` or ``"collsvc"`` (see the module docstring).
         collective_timeout: the ``timeout`` given to ``init_process_group``, in seconds.
         timeout: bound on the whole job.
+        rank_env: rank -> more environment for that rank (``COLLSVC_HOST``: fake hosts).
     """
+
+    def per_rank(rank: int) -> dict[str, str]:
+        return {**({"RANK": str(rank)} if mode == "env" else {}), **(rank_env(rank) if rank_env else {})}
+
     with _launch_env(mode, world_size) as (address, extra, init_method):
         merged = {"OMP_NUM_THREADS": "1", **extra, **(env or {})}
         return run_ranks(
@@ -95,7 +101,7 @@ def run_torch(
             args=(fn, world_size, init_method, collective_timeout, args),
             timeout=timeout,
             env=merged,
-            rank_env=(lambda r: {"RANK": str(r)}) if mode == "env" else None,
+            rank_env=per_rank if mode == "env" or rank_env else None,
             use_init=False,
             allow_failures=allow_failures,
         )

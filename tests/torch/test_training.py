@@ -205,3 +205,38 @@ def test_ddp_with_sparse_gradients_matches_gloo() -> None:
     for ours, theirs in result.values:
         assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-7)
         assert sum(ours[-5:]) < sum(ours[:5])  # it trains
+
+
+def _wide_model() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4)
+    )
+
+
+def ddp_across_two_hosts(rank: int, n: int) -> dict[str, Any]:
+    """DDP on collsvc and on gloo from the same weights and batches; the model's 70 000 parameters
+    (280 KiB of gradients in one bucket) take the hierarchical all_reduce by slices, the comm hook's
+    async calls too."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    gloo = dist.new_group(backend="gloo")
+    world = dist.distributed_c10d._get_default_group()
+    out: dict[str, Any] = {}
+    for hook in (False, True):
+        trained = []
+        for group in (world, gloo):
+            model = DistributedDataParallel(_wide_model(), process_group=group, bucket_cap_mb=1)
+            if hook:
+                model.register_comm_hook(group, _allreduce_hook)
+            trained.append(_train(model, _batches(rank)))
+        out["comm_hook" if hook else "default"] = tuple(trained)
+    return out
+
+
+def test_ddp_across_two_hosts_of_two_matches_gloo() -> None:
+    result = run_torch(ddp_across_two_hosts, 4, rank_env=lambda r: {"COLLSVC_HOST": f"host{r // 2}"}, timeout=240)
+    _assert_same(result.values)
