@@ -15,7 +15,7 @@ from collsvc.client.backends.shm.board import memory_barriers_supported
 from collsvc.config import shm_barriers
 from collsvc.errors import RendezvousError
 from collsvc.types import ReduceOp
-from tests.unit.shm.threads import run_group
+from tests.unit.shm.threads import run_group, run_ranks
 
 needs_x86 = pytest.mark.skipif(not memory_barriers_supported(), reason="memory barriers need an x86-64 CPU")
 
@@ -24,57 +24,40 @@ needs_x86 = pytest.mark.skipif(not memory_barriers_supported(), reason="memory b
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_sleeping_waiters_are_woken_by_the_last_arrival(size: int) -> None:
     namespace = uuid.uuid4().hex
-    returned: dict[int, float] = {}
     arrived_late = threading.Event()
-    errors: list[BaseException] = []
 
-    def rank(r: int) -> None:
-        try:
-            # spin=0: every wait sleeps at once, so only the last arrival's pokes can wake the others.
-            with LocalGroup(namespace, r, size, timeout=5, spin=0.0, barriers="memory") as group:
-                buf = np.full(4, r + 1.0)
-                if r == size - 1:
-                    # Arrive only once every other rank sleeps (its word in its segment says so).
-                    sleepers = group._segments[:-1]
-                    deadline = time.monotonic() + 5
-                    while not all(s.sleeping[0] for s in sleepers) and time.monotonic() < deadline:
-                        os.sched_yield()
-                    assert all(s.sleeping[0] for s in sleepers), "some ranks never went to sleep"
-                    arrived_late.set()
-                group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5)
-                returned[r] = time.monotonic()
-                assert (buf == size * (size + 1) / 2).all()
-        except BaseException as exc:
-            errors.append(exc)
+    def rank(r: int) -> float:
+        # spin=0: every wait sleeps at once, so only the last arrival's pokes can wake the others.
+        with LocalGroup(namespace, r, size, timeout=5, spin=0.0, barriers="memory") as group:
+            buf = np.full(4, r + 1.0)
+            if r == size - 1:
+                # Arrive only once every other rank sleeps (its word in its segment says so).
+                sleepers = group._segments[:-1]
+                deadline = time.monotonic() + 5
+                while not all(s.sleeping[0] for s in sleepers) and time.monotonic() < deadline:
+                    os.sched_yield()
+                assert all(s.sleeping[0] for s in sleepers), "some ranks never went to sleep"
+                arrived_late.set()
+            group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5)
+            assert (buf == size * (size + 1) / 2).all()
+            return time.monotonic()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not errors, errors
-    assert arrived_late.is_set() and sorted(returned) == list(range(size))
+    returned = run_ranks(rank, range(size), size)
+    assert arrived_late.is_set()
     # Woken by the poke, not by the 5 s deadline.
-    assert max(returned.values()) - min(returned.values()) < 2.0
+    assert max(returned) - min(returned) < 2.0
 
 
 @needs_x86
 def test_ranks_that_disagree_on_the_barrier_kind_get_a_rendezvous_error() -> None:
     namespace = uuid.uuid4().hex
-    errors: list[BaseException] = []
 
-    def rank(r: int, kind: str) -> None:
-        try:
-            LocalGroup(namespace, r, 2, timeout=2, barriers=kind).close()
-        except BaseException as exc:
-            errors.append(exc)
+    def rank(r: int) -> RendezvousError:
+        with pytest.raises(RendezvousError) as raised:
+            LocalGroup(namespace, r, 2, timeout=2, barriers=("memory", "sockets")[r]).close()
+        return raised.value
 
-    threads = [threading.Thread(target=rank, args=args) for args in ((0, "memory"), (1, "sockets"))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert len(errors) == 2 and all(isinstance(e, RendezvousError) for e in errors)
+    errors = run_ranks(rank, range(2), 2)
     assert "memory barriers" in str(errors[0])
 
 

@@ -14,7 +14,7 @@ from collsvc.client.backends.shm import LocalGroup
 from collsvc.errors import CollectiveMismatchError, CollectiveTimeoutError, CollsvcError, RendezvousError
 from collsvc.types import ReduceOp
 from tests.unit.other_user import send_descriptor_as_nobody
-from tests.unit.shm.threads import run_group
+from tests.unit.shm.threads import run_group, run_ranks
 
 
 def test_different_digests_raise_on_every_rank_and_the_group_stays_usable() -> None:
@@ -152,41 +152,32 @@ def test_a_local_rank_outside_the_group_is_refused_naming_the_valid_range(local_
 
 def test_ranks_starting_at_different_times_join() -> None:
     namespace = uuid.uuid4().hex
-    late = threading.Event()
-    results: list[float] = []
+    waiting = threading.Event()
 
-    def rank(r: int) -> None:
+    def rank(r: int) -> float:
         if r == 1:
-            late.wait(5)
-        with LocalGroup(namespace, r, 2, timeout=5) as group:
+            waiting.wait(5)
+        group = LocalGroup(namespace, r, 2, timeout=None)
+        if r == 0:
+            waiting.set()  # rank 0 is bound and about to wait for rank 1 when rank 1 starts
+        with group:
+            group.connect(time.monotonic() + 5)
             buf = np.ones(3)
             group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5)
-            results.append(float(buf[0]))
+            return float(buf[0])
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    late.set()  # rank 0 is already waiting (or about to) when rank 1 starts
-    for t in threads:
-        t.join(10)
-    assert results == [2.0, 2.0]
+    assert run_ranks(rank, range(2), 2) == [2.0, 2.0]
 
 
 def test_a_namespace_in_use_and_disagreeing_slot_sizes_are_rendezvous_errors() -> None:
     namespace = uuid.uuid4().hex
-    errors: list[BaseException] = []
 
-    def rank(r: int, slot: int) -> None:
-        try:
-            LocalGroup(namespace, r, 2, slot_bytes=slot, timeout=2).close()
-        except BaseException as exc:
-            errors.append(exc)
+    def rank(r: int) -> RendezvousError:
+        with pytest.raises(RendezvousError) as raised:
+            LocalGroup(namespace, r, 2, slot_bytes=4096 * (r + 1), timeout=2).close()
+        return raised.value
 
-    threads = [threading.Thread(target=rank, args=(r, 4096 * (r + 1))) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    errors = run_ranks(rank, range(2), 2)
     assert len(errors) == 2 and all(isinstance(e, RendezvousError) for e in errors)
 
     def duplicate(group: LocalGroup) -> None:
@@ -249,22 +240,19 @@ def test_a_segment_offered_by_another_user_under_a_peers_name_is_ignored() -> No
     send_descriptor_as_nobody(base + b"/0>1", base + b"/1", doorbell.HEADER.pack(doorbell.HELLO, 0, 0) + hello, fd)
     os.close(fd)
     forged.close()
-    sums: list[float] = []
 
-    def rank(group: LocalGroup | None, index: int) -> None:
-        group = group or LocalGroup(namespace, index, 2, slot_bytes=4096, timeout=5.0)
-        group.connect(time.monotonic() + 5.0)
-        buf = np.full(8, index + 1.0)
-        group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5.0)
-        sums.append(float(buf[0]))
-        group.close()
+    def rank(index: int) -> float:
+        group = waiting if index == 1 else LocalGroup(namespace, index, 2, slot_bytes=4096, timeout=5.0)
+        with group:
+            group.connect(time.monotonic() + 5.0)
+            buf = np.full(8, index + 1.0)
+            group.all_reduce(buf, ReduceOp.SUM, time.monotonic() + 5.0)
+            return float(buf[0])
 
-    threads = [threading.Thread(target=rank, args=(waiting, 1)), threading.Thread(target=rank, args=(None, 0))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    assert sums == [3.0, 3.0]  # the genuine rank 0's segment, not the impostor's (which never arrives)
+    assert run_ranks(rank, range(2), 2) == [
+        3.0,
+        3.0,
+    ]  # the genuine rank 0's segment, not the impostor's (which never arrives)
 
 
 def _signature_of(nbytes: int) -> bytes:
