@@ -33,6 +33,7 @@ import numpy as np
 
 from collsvc.client.backends.reduction import finish_average, reduce_parts
 from collsvc.client.backends.shm.prepared import PreparedCalls
+from collsvc.client.backends.shm.segment import SegmentViews
 from collsvc.types import ReduceOp, check_op_dtype
 
 # ``exchange(chunk, lo, hi)`` of :meth:`LocalGroup.all_reduce`: starts the exchange of this rank's
@@ -370,22 +371,16 @@ class LocalGroup(PreparedCalls):
             if index < chunks:
                 lo = index * chunk
                 length = min(chunk, total - lo)
-                a, z = length * me // n, length * (me + 1) // n
-                slot = views[me].inputs[parity]
-                # Our own slice is reduced straight from buf: only the others need it in the slot.
-                np.copyto(slot[:a], buf[lo : lo + a])
-                np.copyto(slot[z:length], buf[lo + z : lo + length])
+                self._hand_in(views, buf, lo, length, parity)
                 current = (lo, length)
             self._step(deadline, body if index == 0 else None)
             if pending is not None and gather:
                 lo, length = pending
-                for rank in range(n):
-                    a, z = length * rank // n, length * (rank + 1) // n
-                    if rank != me or root is not None or me >= 2:  # all_reduce: ranks 0, 1 have theirs in buf
-                        np.copyto(buf[lo + a : lo + z], views[rank].results[parity][: z - a])
+                # all_reduce: ranks 0 and 1 have their own slice in buf already (see below)
+                self._take_results(views, buf, lo, length, parity, me if root is None and me < 2 else None)
             if current is not None:
                 lo, length = current
-                a, z = length * me // n, length * (me + 1) // n
+                a, z = self._share(length, me)
                 own = buf[lo + a : lo + z]
                 parts = [own if r == me else views[r].inputs[parity][a:z] for r in range(n)]
                 result = views[me].results[1 - parity][: z - a]
@@ -421,25 +416,19 @@ class LocalGroup(PreparedCalls):
         def bounds(index: int) -> tuple[int, int, int, int]:
             lo = index * chunk
             length = min(chunk, total - lo)
-            return lo, length, length * me // n, length * (me + 1) // n
+            return lo, length, *self._share(length, me)
 
         finishing: Callable[[], None] | None = None  # waits for the exchange in flight
         try:
             for index in range(chunks + 2):
                 parity = self._parity()
                 if index < chunks:
-                    lo, length, a, z = bounds(index)
-                    slot = views[me].inputs[parity]
-                    np.copyto(slot[:a], buf[lo : lo + a])
-                    np.copyto(slot[z:length], buf[lo + z : lo + length])
+                    lo, length, _, _ = bounds(index)
+                    self._hand_in(views, buf, lo, length, parity)
                 self._step(deadline, body if index == 0 else None)
                 if index >= 2:
-                    lo = (index - 2) * chunk
-                    length = min(chunk, total - lo)
-                    for rank in range(n):
-                        a, z = length * rank // n, length * (rank + 1) // n
-                        if rank != me:
-                            np.copyto(buf[lo + a : lo + z], views[rank].results[parity][: z - a])
+                    lo, length, _, _ = bounds(index - 2)
+                    self._take_results(views, buf, lo, length, parity, me)
                 if finishing is not None:
                     finish, finishing = finishing, None
                     self._exchanged(finish)
@@ -461,6 +450,28 @@ class LocalGroup(PreparedCalls):
                 with contextlib.suppress(BaseException):  # the call fails with the first error
                     finishing()
             raise
+
+    def _share(self, length: int, rank: int) -> tuple[int, int]:
+        """The bounds of local rank ``rank``'s slice of a chunk of ``length`` elements."""
+        return length * rank // self._size, length * (rank + 1) // self._size
+
+    def _hand_in(self, views: list[SegmentViews], buf: np.ndarray, lo: int, length: int, parity: int) -> None:
+        """Copies the chunk ``buf[lo:lo + length]`` into our input slot of ``parity``, but for our own
+        slice, which we reduce straight from buf: only the others read it there."""
+        a, z = self._share(length, self._rank)
+        slot = views[self._rank].inputs[parity]
+        np.copyto(slot[:a], buf[lo : lo + a])
+        np.copyto(slot[z:length], buf[lo + z : lo + length])
+
+    def _take_results(
+        self, views: list[SegmentViews], buf: np.ndarray, lo: int, length: int, parity: int, skip: int | None
+    ) -> None:
+        """Copies every local rank's reduced slice of the chunk at ``buf[lo:]`` out of its result slot of
+        ``parity`` into buf, but for rank ``skip`` (one whose slice is there already)."""
+        for rank in range(self._size):
+            if rank != skip:
+                a, z = self._share(length, rank)
+                np.copyto(buf[lo + a : lo + z], views[rank].results[parity][: z - a])
 
     def _exchanged(self, run: Callable[[], Any]) -> Any:
         """``run()`` (starting or finishing an exchange); what it raises leaves this rank out of step,
