@@ -15,11 +15,16 @@ STEPS = 100
 BATCH = 8
 
 
-def _model() -> Any:
+def _model(*hidden: int) -> Any:
+    """16 inputs, 4 outputs, ReLU between the layers of ``hidden`` widths (default one of 32)."""
     import torch
 
     torch.manual_seed(0)  # the same initial weights on every rank and for every backend
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    widths = [16, *(hidden or (32,)), 4]
+    layers: list[Any] = []
+    for into, out in zip(widths, widths[1:], strict=False):
+        layers += [torch.nn.Linear(into, out), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
 
 
 def _batches(rank: int) -> list[tuple[Any, Any]]:
@@ -207,15 +212,6 @@ def test_ddp_with_sparse_gradients_matches_gloo() -> None:
         assert sum(ours[-5:]) < sum(ours[:5])  # it trains
 
 
-def _wide_model() -> Any:
-    import torch
-
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4)
-    )
-
-
 def ddp_across_two_hosts(rank: int, n: int) -> dict[str, Any]:
     """DDP on collsvc and on gloo from the same weights and batches; the model's 70 000 parameters
     (280 KiB of gradients in one bucket) take the hierarchical all_reduce by slices, the comm hook's
@@ -229,7 +225,7 @@ def ddp_across_two_hosts(rank: int, n: int) -> dict[str, Any]:
     for hook in (False, True):
         trained = []
         for group in (world, gloo):
-            model = DistributedDataParallel(_wide_model(), process_group=group, bucket_cap_mb=1)
+            model = DistributedDataParallel(_model(256, 256), process_group=group, bucket_cap_mb=1)
             if hook:
                 model.register_comm_hook(group, _allreduce_hook)
             trained.append(_train(model, _batches(rank)))
